@@ -1,0 +1,349 @@
+"""The durable run timeline: the one object the rest of the server talks to.
+
+Wiring (all on the WAL writer thread, in this order, after each durable batch):
+``EventIndex.add`` -> :meth:`RunRegistry.apply_many` -> retention evictions ->
+:meth:`SnapshotBuilder.publish` (one reference swap) -> producers confirmed ->
+:meth:`WaitHub.notify`. Hence a confirmed seq is already readable, and a long-poller
+woken for it finds it.
+
+Reads: :meth:`Timeline.read_run_events` answers from the published snapshot when the
+run's warm tail covers the cursor, else from the WAL through the index; the two give
+identical results (property-tested). The warm path takes no lock.
+
+Lifecycle: :meth:`Timeline.open` (blocking: lock file, recovery, writer start, then
+``run_interrupted`` for each run that was live) and :meth:`Timeline.close` (drains and
+joins the writer, releases the lock). Both are idempotent in the sense that closing twice
+is harmless; a second process opening the same data dir fails with
+:class:`DataDirLockedError`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import logging
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal
+
+from registry.deletion import DeleteResult, RunDeleter
+from registry.errors import (
+    InvalidCursorError,
+    NonBlockingDeleteError,
+    UnknownRunError,
+)
+from registry.events import Event, EventType, NewEvent
+from registry.lockfile import DataDirLock
+from registry.record import DEFAULT_MAX_RECORD_BYTES, RecordInfo, decode_frame_at
+from registry.runs import DEFAULT_DELETED_RETENTION, RunRegistry
+from registry.snapshot import (
+    DEFAULT_TAIL_EVENTS,
+    DEFAULT_WARM_RUNS,
+    Snapshot,
+    SnapshotBuilder,
+)
+from registry.waiters import WaitHub
+from registry.wal import (
+    DEFAULT_SEGMENT_BYTES,
+    RecoveryReport,
+    Wal,
+    WalFaults,
+    WalHooks,
+    WalOptions,
+)
+
+logger = logging.getLogger(__name__)
+
+MAX_READ_LIMIT = 1000
+MAX_CURSOR = (1 << 63) - 1
+MAX_WAIT_S = 60.0
+
+
+@dataclass(frozen=True, slots=True)
+class TimelineConfig:
+    """Everything the timeline needs to know; defaults are ARCHITECTURE.md's."""
+
+    data_dir: Path
+    segment_bytes: int = DEFAULT_SEGMENT_BYTES
+    max_record_bytes: int = DEFAULT_MAX_RECORD_BYTES
+    queue_capacity: int = 1024
+    tail_events: int = DEFAULT_TAIL_EVENTS
+    warm_runs: int = DEFAULT_WARM_RUNS
+    deleted_retention: int = DEFAULT_DELETED_RETENTION
+    stream_ttl_s: float = 0.0
+    on_corruption: Literal["quarantine", "fail"] = "quarantine"
+
+
+def check_cursor(after_seq: object, limit: object) -> tuple[int, int]:
+    """Validate a read cursor: ``0 <= after_seq < 2**63``, ``1 <= limit <= 1000``."""
+    if isinstance(after_seq, bool) or not isinstance(after_seq, int):
+        raise InvalidCursorError("after must be an integer")
+    if isinstance(limit, bool) or not isinstance(limit, int):
+        raise InvalidCursorError("limit must be an integer")
+    if not 0 <= after_seq <= MAX_CURSOR:
+        raise InvalidCursorError(f"after must be between 0 and {MAX_CURSOR}")
+    if not 1 <= limit <= MAX_READ_LIMIT:
+        raise InvalidCursorError(f"limit must be between 1 and {MAX_READ_LIMIT}")
+    return after_seq, limit
+
+
+class Timeline:
+    """WAL + run registry + warm snapshot + long-poll hub + single-winner deletion."""
+
+    def __init__(self, config: TimelineConfig, *, faults: WalFaults | None = None) -> None:
+        self.config = config
+        self._lock_file = DataDirLock(config.data_dir)
+        self.wal = Wal(
+            config.data_dir / "wal",
+            WalOptions(
+                segment_bytes=config.segment_bytes,
+                max_record_bytes=config.max_record_bytes,
+                queue_capacity=config.queue_capacity,
+                on_corruption=config.on_corruption,
+            ),
+            hooks=WalHooks(
+                on_durable=self._on_durable,
+                on_failed=self._on_failed,
+                after_confirm=self._after_confirm,
+            ),
+            faults=faults,
+        )
+        self.runs = RunRegistry(
+            stream_ttl_s=config.stream_ttl_s,
+            deleted_retention=config.deleted_retention,
+            on_evict=self._queue_forget,
+        )
+        self._snapshots = SnapshotBuilder(
+            self.wal.index.count, tail_events=config.tail_events, warm_runs=config.warm_runs
+        )
+        self._forget_lock = threading.Lock()
+        self._to_forget: list[str] = []
+        self.waiters = WaitHub()
+        self._deleter = RunDeleter(self.runs, self.wal)
+        self.recovery: RecoveryReport | None = None
+        self.interrupted: list[str] = []
+        self._closed = False
+
+    # ---------------------------------------------------------------- lifecycle
+
+    @classmethod
+    def open(cls, config: TimelineConfig, *, faults: WalFaults | None = None) -> Timeline:
+        """Lock the data dir, recover, start the writer, interrupt runs left live.
+
+        Blocking (file I/O, fsync): from async code use ``await asyncio.to_thread(...)``.
+        Raises :class:`DataDirLockedError` if another process holds the data dir, and
+        :class:`CorruptLogError` on mid-log corruption when ``on_corruption="fail"``.
+        """
+        timeline = cls(config, faults=faults)
+        timeline._lock_file.acquire()
+        try:
+            timeline._recover()
+        except BaseException:
+            timeline.wal.close()
+            timeline._lock_file.release()
+            raise
+        return timeline
+
+    def _recover(self) -> None:
+        registry = self.runs
+        needs_data = RunRegistry.NEEDS_DATA
+
+        def on_record(info: RecordInfo, buf: bytes) -> None:
+            data = None
+            if info.type in needs_data:
+                data = decode_frame_at(buf, info.offset).data
+            registry.apply_record(
+                info.run_id, info.type, info.ts_ms, info.principal, info.seq, data
+            )
+
+        self.recovery = self.wal.recover(on_record)
+        for run_id in registry.drain_evicted():
+            self.wal.index.forget(run_id)
+        self._seed_warm_tails()
+        self.wal.start()
+        live = registry.active_run_ids()
+        if live:
+            futures = []
+            for run_id in live:
+                view = registry.get(run_id)
+                principal = view.principal if view is not None else ""
+                futures.append(
+                    self.wal.submit_blocking(
+                        NewEvent(
+                            run_id,
+                            EventType.RUN_INTERRUPTED,
+                            principal,
+                            {"reason": "server_restart"},
+                        )
+                    )
+                )
+            for fut in futures:
+                fut.result()
+            logger.warning(
+                "recovery: %d runs were live when the previous process stopped; "
+                "appended run_interrupted for each",
+                len(live),
+            )
+        self.interrupted = live
+
+    def _seed_warm_tails(self) -> None:
+        index = self.wal.index
+        runs = sorted(index.run_ids(), key=index.last_seq)
+        warm = runs[-self.config.warm_runs :]
+        for run_id in warm:
+            total = index.count(run_id)
+            positions = index.positions_after(run_id, 0, total)[-self.config.tail_events :]
+            events = tuple(self.wal.read_positions(positions))
+            self._snapshots.seed(run_id, events, complete=len(events) == total)
+        self._snapshots.seal(self.wal.next_seq - 1)
+
+    def close(self) -> None:
+        """Flush and stop the writer, release files and the lock (idempotent, blocking)."""
+        if self._closed:
+            return
+        self._closed = True
+        self.wal.close()
+        self._lock_file.release()
+
+    async def aclose(self) -> None:
+        """:meth:`close` off the event loop."""
+        await asyncio.to_thread(self.close)
+
+    # ---------------------------------------------------------------- writer hooks
+
+    def _queue_forget(self, run_id: str) -> None:
+        with self._forget_lock:
+            self._to_forget.append(run_id)
+
+    def _on_durable(self, events: list[Event]) -> None:
+        self.runs.apply_many(events)
+        self.runs.drain_evicted()
+        with self._forget_lock:
+            forgotten, self._to_forget = tuple(self._to_forget), []
+        for run_id in forgotten:
+            self.wal.index.forget(run_id)
+        self._snapshots.publish(events, forgotten)
+
+    def _on_failed(self, events: list[NewEvent]) -> None:
+        deleted = [ev.run_id for ev in events if ev.type == EventType.RUN_DELETED]
+        if deleted:
+            self.runs.fail_deletes(deleted)
+
+    def _after_confirm(self, events: list[Event]) -> None:
+        self.waiters.notify(ev.run_id for ev in events)
+
+    # ---------------------------------------------------------------- appends
+
+    async def append(self, event: NewEvent) -> int:
+        """Append durably; returns the seq once the event is on disk.
+
+        Cancellation: before the event is queued nothing is written; after, it is
+        written anyway and only the answer is lost.
+        """
+        return await self.wal.append(event)
+
+    def append_blocking(self, event: NewEvent, timeout: float | None = None) -> int:
+        """Worker-thread flavor: waits for queue space and durability (never on a loop)."""
+        return self.wal.submit_blocking(event, timeout).result(timeout)
+
+    def append_nowait(self, event: NewEvent) -> concurrent.futures.Future[int]:
+        """Never blocks; raises :class:`QueueFullError` when the queue is full.
+
+        ``run_deleted`` is refused (:class:`NonBlockingDeleteError`): deletion is
+        always confirmed, through :meth:`delete_run`.
+        """
+        if event.type == EventType.RUN_DELETED:
+            raise NonBlockingDeleteError("run_deleted must go through delete_run")
+        return self.wal.submit_nowait(event)
+
+    async def delete_run(
+        self, run_id: str, principal: str, data: dict[str, object] | None = None
+    ) -> DeleteResult:
+        """Single-winner deletion (see :mod:`registry.deletion`)."""
+        return await self._deleter.delete(run_id, principal, data)
+
+    # ---------------------------------------------------------------- reads
+
+    @property
+    def snapshot(self) -> Snapshot:
+        """The latest published snapshot (one reference read, no lock)."""
+        return self._snapshots.current
+
+    def _known(self, run_id: str) -> None:
+        if run_id not in self.runs and run_id not in self.wal.index:
+            raise UnknownRunError(f"unknown run {run_id!r}")
+
+    def read_warm(self, run_id: str, after_seq: int, limit: int) -> list[Event] | None:
+        """The answer from the snapshot, or None when the warm tail does not cover it."""
+        after_seq, limit = check_cursor(after_seq, limit)
+        tail = self._snapshots.current.tails.get(run_id)
+        if tail is not None and tail.covers(after_seq):
+            return tail.after(after_seq, limit)
+        return None
+
+    def read_cold(self, run_id: str, after_seq: int, limit: int) -> list[Event]:
+        """The answer from the WAL through the index (blocking file I/O)."""
+        after_seq, limit = check_cursor(after_seq, limit)
+        return self.wal.read_positions(self.wal.index.positions_after(run_id, after_seq, limit))
+
+    def read_run_events(self, run_id: str, after_seq: int = 0, limit: int = 100) -> list[Event]:
+        """Events of ``run_id`` with ``seq > after_seq``, oldest first, at most ``limit``.
+
+        Warm when the snapshot covers the cursor, else cold (blocking I/O: from the loop
+        use :meth:`read_events`). Raises :class:`UnknownRunError`,
+        :class:`InvalidCursorError`.
+        """
+        self._known(run_id)
+        warm = self.read_warm(run_id, after_seq, limit)
+        if warm is not None:
+            return warm
+        return self.read_cold(run_id, after_seq, limit)
+
+    async def read_events(self, run_id: str, after_seq: int = 0, limit: int = 100) -> list[Event]:
+        """:meth:`read_run_events` for the loop: the cold path runs in a thread."""
+        self._known(run_id)
+        warm = self.read_warm(run_id, after_seq, limit)
+        if warm is not None:
+            return warm
+        return await asyncio.to_thread(self.read_cold, run_id, after_seq, limit)
+
+    async def wait_for_events(
+        self, run_id: str, after_seq: int, limit: int = 100, wait_s: float = 30.0
+    ) -> list[Event]:
+        """Long-poll: events after ``after_seq``, waiting up to ``wait_s`` s for one.
+
+        Returns at once if there already are some (no lost wakeup, see
+        :mod:`registry.waiters`); an empty list on timeout.
+        Cancellation: the waiter is unregistered; nothing else changes.
+        """
+        if isinstance(wait_s, bool) or not isinstance(wait_s, int | float):
+            raise InvalidCursorError("wait must be a number of seconds")
+        if not 0 <= wait_s <= MAX_WAIT_S:
+            raise InvalidCursorError(f"wait must be between 0 and {MAX_WAIT_S:g} seconds")
+        events = await self.read_events(run_id, after_seq, limit)
+        if events or wait_s == 0:
+            return events
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + wait_s
+        while True:
+            fut = self.waiters.register(run_id)
+            try:
+                events = await self.read_events(run_id, after_seq, limit)
+                if events:
+                    return events
+                remaining = deadline - loop.time()
+                if remaining <= 0:
+                    return []
+                try:
+                    async with asyncio.timeout(remaining):
+                        await fut
+                except TimeoutError:
+                    return []
+            finally:
+                self.waiters.unregister(run_id, fut)
+
+    @property
+    def ready(self) -> bool:
+        """Recovered, writer running, log not broken, not closed."""
+        return self.recovery is not None and self.wal.broken is None and not self._closed

@@ -1,0 +1,641 @@
+"""The write-ahead log: segment files, one writer thread, group commit, cold reads.
+
+Ownership and threads:
+
+- The writer thread (``wal-writer``) owns the active segment's file descriptor, the
+  sequence counter and the :class:`~registry.index.EventIndex`. Nobody else writes them.
+- Producers hand :class:`~registry.events.NewEvent` objects in through a bounded
+  :class:`~registry.submission.SubmissionQueue`. The event is encoded (and its size
+  checked) on the producer's side, so an oversized event fails its own caller.
+- Group commit: the writer takes everything queued, assigns consecutive seqs, writes the
+  frames with one ``pwrite`` and makes them durable with one ``fdatasync``. Only then are
+  the hooks run (index, registry, snapshot) and the producers' futures confirmed: a
+  confirmed seq is on disk, and a reader that learns of it can read it.
+- A failed write is rolled back (the segment is truncated to its size before the batch,
+  seqs are reused) and that batch's producers get :class:`AppendFailedError`; the log
+  stays usable. A failed ``fdatasync`` cannot be trusted to be retried (the kernel may
+  have dropped the dirty pages), so the log becomes *broken*: that batch and every later
+  append get :class:`TimelineBrokenError`. Either way, an append that was refused may or
+  may not be found after a restart; one that was confirmed is always found.
+- Readers (any thread) use their own read-only descriptors and ``os.pread``.
+
+Recovery (:meth:`Wal.recover`, before the writer starts) scans every segment in order
+and applies the rules of :mod:`registry.record`: a torn tail of the last segment is
+truncated; corruption elsewhere is either fatal (``on_corruption="fail"``) or the bad
+remainder and every later segment are moved, intact, to ``wal/quarantine/`` and the log
+continues from the last good record (``"quarantine"``, the default). Both are logged.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import logging
+import os
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Literal, Protocol
+
+from registry.errors import (
+    AppendFailedError,
+    CorruptLogError,
+    RegistryError,
+    TimelineBrokenError,
+    TimelineClosedError,
+)
+from registry.events import Event, NewEvent
+from registry.index import EventIndex, Position
+from registry.record import (
+    DEFAULT_MAX_RECORD_BYTES,
+    RecordInfo,
+    ScanEnd,
+    ScanOutcome,
+    decode_frame_at,
+    decode_payload,
+    encode_body,
+    encode_frame,
+    scan_segment,
+)
+from registry.submission import SubmissionQueue
+
+logger = logging.getLogger(__name__)
+
+SEGMENT_SUFFIX = ".wal"
+DEFAULT_SEGMENT_BYTES = 64 * 1024 * 1024
+
+
+class WalFaults(Protocol):
+    """Fault-injection seam (tests, chaos runs). Each hook may raise ``OSError``."""
+
+    def before_write(self, first_seq: int, count: int) -> None:
+        """Called on the writer thread before a batch is written."""
+
+    def before_fsync(self) -> None:
+        """Called on the writer thread before the batch's ``fdatasync``."""
+
+
+@dataclass(frozen=True, slots=True)
+class WalOptions:
+    """Tunables of the log."""
+
+    segment_bytes: int = DEFAULT_SEGMENT_BYTES
+    max_record_bytes: int = DEFAULT_MAX_RECORD_BYTES
+    queue_capacity: int = 1024
+    on_corruption: Literal["quarantine", "fail"] = "quarantine"
+
+
+@dataclass(slots=True)
+class RecoveryReport:
+    """What :meth:`Wal.recover` found."""
+
+    segments: int = 0
+    records: int = 0
+    last_seq: int = 0
+    torn_tail_bytes: int = 0
+    corruption: CorruptLogError | None = None
+    quarantined: list[str] = field(default_factory=list)
+    seconds: float = 0.0
+
+
+@dataclass(slots=True)
+class WalHooks:
+    """Callbacks the writer thread runs; they must not raise (errors are logged)."""
+
+    on_durable: Callable[[list[Event]], None] | None = None
+    """After a batch is durable and indexed, before its producers are confirmed."""
+    on_failed: Callable[[list[NewEvent]], None] | None = None
+    """After a batch failed; its producers are told right after."""
+    after_confirm: Callable[[list[Event]], None] | None = None
+    """After the producers of a durable batch were confirmed."""
+
+
+@dataclass(slots=True)
+class WalStats:
+    """Counters the writer thread maintains (read without locking; monotonic ints)."""
+
+    appended: int = 0
+    batches: int = 0
+    fsyncs: int = 0
+    failed_batches: int = 0
+    last_batch_size: int = 0
+
+
+class _Pending:
+    __slots__ = ("afut", "body", "cfut", "event", "loop")
+
+    def __init__(
+        self,
+        event: NewEvent,
+        body: bytes,
+        loop: asyncio.AbstractEventLoop | None,
+        afut: asyncio.Future[int] | None,
+        cfut: concurrent.futures.Future[int] | None,
+    ) -> None:
+        self.event = event
+        self.body = body
+        self.loop = loop
+        self.afut = afut
+        self.cfut = cfut
+
+
+def _settle(results: list[tuple[asyncio.Future[int], int | BaseException]]) -> None:
+    for fut, result in results:
+        if fut.done():
+            continue
+        if isinstance(result, BaseException):
+            fut.set_exception(result)
+        else:
+            fut.set_result(result)
+
+
+def _pwrite_all(fd: int, data: bytes, offset: int) -> None:
+    view = memoryview(data)
+    while view:
+        written = os.pwrite(fd, view, offset)
+        view = view[written:]
+        offset += written
+
+
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def segment_name(first_seq: int) -> str:
+    """File name of the segment whose first record has ``first_seq``."""
+    return f"{first_seq:020d}{SEGMENT_SUFFIX}"
+
+
+class Wal:
+    """Segmented, checksummed, group-committed append-only log of timeline events."""
+
+    def __init__(
+        self,
+        wal_dir: Path,
+        options: WalOptions | None = None,
+        *,
+        hooks: WalHooks | None = None,
+        faults: WalFaults | None = None,
+    ) -> None:
+        self.dir = wal_dir
+        self.options = options or WalOptions()
+        self.hooks = hooks or WalHooks()
+        self.faults = faults
+        self.index = EventIndex()
+        self.stats = WalStats()
+        self._queue: SubmissionQueue[_Pending] = SubmissionQueue(self.options.queue_capacity)
+        self._segments: list[Path] = []
+        self._readers: dict[int, int] = {}
+        self._readers_lock = threading.Lock()
+        self._fd: int | None = None
+        self._size = 0
+        self._next_seq = 1
+        self._broken: BaseException | None = None
+        self._thread: threading.Thread | None = None
+        self._recovered = False
+
+    # ---------------------------------------------------------------- recovery
+
+    def recover(
+        self, on_record: Callable[[RecordInfo, bytes], None] | None = None
+    ) -> RecoveryReport:
+        """Scan, verify and index every segment; truncate a torn tail.
+
+        ``on_record(info, segment_bytes)`` sees each intact record in seq order (use
+        :func:`registry.record.decode_frame_at` on ``segment_bytes`` for its data).
+        Blocking (file I/O): call it before the event loop needs the log, or in a thread.
+        """
+        started = time.monotonic()
+        report = RecoveryReport()
+        self.dir.mkdir(parents=True, exist_ok=True)
+        paths = sorted(p for p in self.dir.iterdir() if p.name.endswith(SEGMENT_SUFFIX))
+        expect = 1
+        good_end = 0
+        max_record = self.options.max_record_bytes
+        for number, path in enumerate(paths):
+            is_last = number == len(paths) - 1
+            buf = path.read_bytes()
+            outcome = ScanOutcome()
+            seg_id = len(self._segments)
+            self._segments.append(path)
+            add = self.index.add
+            prev_offset = -1
+            prev_info: RecordInfo | None = None
+            for info in scan_segment(
+                buf, expect, outcome, is_last=is_last, max_record_bytes=max_record
+            ):
+                if prev_info is not None:
+                    add(
+                        prev_info.run_id,
+                        prev_info.seq,
+                        seg_id,
+                        prev_offset,
+                        info.offset - prev_offset,
+                    )
+                if on_record is not None:
+                    on_record(info, buf)
+                prev_info = info
+                prev_offset = info.offset
+            if prev_info is not None:
+                add(
+                    prev_info.run_id,
+                    prev_info.seq,
+                    seg_id,
+                    prev_offset,
+                    outcome.good_end - prev_offset,
+                )
+            report.records += outcome.next_seq - expect
+            expect = outcome.next_seq
+            good_end = outcome.good_end
+            if outcome.end is ScanEnd.TORN_TAIL:
+                report.torn_tail_bytes = len(buf) - outcome.good_end
+                logger.warning(
+                    "wal: torn tail in %s (%s): truncating %d bytes after seq %d",
+                    path.name,
+                    outcome.reason,
+                    report.torn_tail_bytes,
+                    expect - 1,
+                )
+                with open(path, "r+b") as fh:
+                    fh.truncate(outcome.good_end)
+                    os.fsync(fh.fileno())
+            elif outcome.end is ScanEnd.CORRUPT:
+                error = CorruptLogError(
+                    f"WAL corruption in {path} ({outcome.reason}); last intact seq is {expect - 1}",
+                    segment=str(path),
+                    offset=outcome.good_end,
+                    last_good_seq=expect - 1,
+                )
+                if self.options.on_corruption == "fail":
+                    raise error
+                report.corruption = error
+                self._quarantine(path, buf, outcome.good_end, paths[number + 1 :], report)
+                break
+        report.segments = len(self._segments)
+        report.last_seq = expect - 1
+        self._next_seq = expect
+        if self._segments:
+            self._size = good_end
+            self._fd = os.open(self._segments[-1], os.O_RDWR)
+        else:
+            self._create_segment(self._next_seq)
+        self._recovered = True
+        report.seconds = time.monotonic() - started
+        logger.info(
+            "wal: recovered %d records in %d segments up to seq %d in %.3fs",
+            report.records,
+            report.segments,
+            report.last_seq,
+            report.seconds,
+        )
+        return report
+
+    def _quarantine(
+        self, path: Path, buf: bytes, good_end: int, later: list[Path], report: RecoveryReport
+    ) -> None:
+        qdir = self.dir / "quarantine"
+        qdir.mkdir(exist_ok=True)
+        kept = qdir / f"{path.name}.from-{good_end}"
+        kept.write_bytes(buf[good_end:])
+        with open(kept, "rb+") as fh:
+            os.fsync(fh.fileno())
+        report.quarantined.append(str(kept))
+        for other in later:
+            target = qdir / other.name
+            os.replace(other, target)
+            report.quarantined.append(str(target))
+        _fsync_dir(qdir)
+        with open(path, "r+b") as fh:
+            fh.truncate(good_end)
+            os.fsync(fh.fileno())
+        _fsync_dir(self.dir)
+        logger.error(
+            "wal: %s; the intact prefix is kept, %d bytes and %d later segments moved to %s",
+            report.corruption,
+            len(buf) - good_end,
+            len(later),
+            qdir,
+        )
+
+    def _create_segment(self, first_seq: int) -> None:
+        path = self.dir / segment_name(first_seq)
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o644)
+        _fsync_dir(self.dir)
+        if self._fd is not None:
+            os.close(self._fd)
+        self._fd = fd
+        self._segments.append(path)
+        self._size = 0
+
+    # ---------------------------------------------------------------- writer
+
+    def start(self) -> None:
+        """Start the writer thread (after :meth:`recover`)."""
+        if not self._recovered:
+            raise RuntimeError("recover() must run before start()")
+        if self._thread is not None:
+            return
+        self._thread = threading.Thread(target=self._writer_main, name="wal-writer", daemon=True)
+        self._thread.start()
+
+    def close(self, timeout: float | None = None) -> None:
+        """Refuse new appends, let the writer drain what is queued, then release files.
+
+        Idempotent. Blocking: joins the writer thread.
+        """
+        self._queue.close()
+        if self._thread is not None:
+            self._thread.join(timeout)
+            if self._thread.is_alive():
+                logger.error("wal: writer did not finish within %ss", timeout)
+                return
+            self._thread = None
+        errors: list[OSError] = []
+        with self._readers_lock:
+            fds = list(self._readers.values())
+            self._readers.clear()
+        if self._fd is not None:
+            fds.append(self._fd)
+            self._fd = None
+        for fd in fds:
+            try:
+                os.close(fd)
+            except OSError as exc:
+                errors.append(exc)
+        if errors:
+            logger.error("wal: %d errors closing files: %s", len(errors), errors)
+
+    @property
+    def broken(self) -> BaseException | None:
+        """The error that broke the log, or None while it is writable."""
+        return self._broken
+
+    @property
+    def queue_depth(self) -> int:
+        """Events queued and not yet taken by the writer."""
+        return len(self._queue)
+
+    @property
+    def next_seq(self) -> int:
+        """The seq the next durable event will get."""
+        return self._next_seq
+
+    def _writer_main(self) -> None:
+        while True:
+            batch = self._queue.take_all()
+            if not batch:
+                if self._queue.closed:
+                    return
+                continue
+            try:
+                self._commit(batch)
+            except BaseException as exc:  # never let the writer die with producers waiting
+                logger.exception("wal: writer failed on a batch of %d", len(batch))
+                self._broken = exc
+                self._fail(batch, TimelineBrokenError("the WAL writer failed"), exc)
+
+    def _commit(self, batch: list[_Pending]) -> None:
+        if self._broken is not None:
+            self._fail(batch, TimelineBrokenError("the WAL is broken"), self._broken)
+            return
+        first = self._next_seq
+        try:
+            if self._size >= self.options.segment_bytes:
+                self._create_segment(first)
+        except OSError as exc:
+            logger.error("wal: cannot rotate segment: %s", exc)
+            self._fail(batch, AppendFailedError("cannot rotate WAL segment"), exc)
+            return
+        fd = self._fd
+        assert fd is not None
+        seg_id = len(self._segments) - 1
+        frames: list[bytes] = []
+        positions: list[tuple[int, int]] = []
+        offset = self._size
+        for i, pending in enumerate(batch):
+            frame = encode_frame(first + i, pending.body)
+            frames.append(frame)
+            positions.append((offset, len(frame)))
+            offset += len(frame)
+        try:
+            if self.faults is not None:
+                self.faults.before_write(first, len(batch))
+            _pwrite_all(fd, b"".join(frames), self._size)
+        except OSError as exc:
+            try:
+                os.ftruncate(fd, self._size)
+            except OSError as trunc_exc:
+                self._broken = trunc_exc
+                self._fail(batch, TimelineBrokenError("WAL write failed, rollback failed"), exc)
+                return
+            logger.error(
+                "wal: write of seqs %d..%d failed and was rolled back: %s",
+                first,
+                first + len(batch) - 1,
+                exc,
+            )
+            self._fail(batch, AppendFailedError("WAL write failed; nothing was appended"), exc)
+            return
+        try:
+            if self.faults is not None:
+                self.faults.before_fsync()
+            os.fdatasync(fd)
+        except OSError as exc:
+            self._broken = exc
+            logger.critical("wal: fdatasync failed, the log is now read-only: %s", exc)
+            self._fail(batch, TimelineBrokenError("WAL fsync failed"), exc)
+            return
+        self._size = offset
+        self._next_seq = first + len(batch)
+        stats = self.stats
+        stats.fsyncs += 1
+        stats.batches += 1
+        stats.appended += len(batch)
+        stats.last_batch_size = len(batch)
+        events: list[Event] = []
+        add = self.index.add
+        for i, pending in enumerate(batch):
+            ev = pending.event
+            seq = first + i
+            events.append(Event(seq, ev.run_id, ev.type, ev.ts_ms, ev.principal, ev.data))
+            add(ev.run_id, seq, seg_id, positions[i][0], positions[i][1])
+        self._run_hook(self.hooks.on_durable, events)
+        self._confirm(batch, first)
+        self._run_hook(self.hooks.after_confirm, events)
+
+    def _run_hook(self, hook: Callable[[list[Event]], None] | None, events: list[Event]) -> None:
+        if hook is None:
+            return
+        try:
+            hook(events)
+        except Exception:
+            logger.exception(
+                "wal: hook %r failed for seqs %d..%d", hook, events[0].seq, events[-1].seq
+            )
+
+    def _confirm(self, batch: list[_Pending], first: int) -> None:
+        by_loop: dict[
+            asyncio.AbstractEventLoop, list[tuple[asyncio.Future[int], int | BaseException]]
+        ] = {}
+        for i, pending in enumerate(batch):
+            if pending.cfut is not None:
+                pending.cfut.set_result(first + i)
+            elif pending.afut is not None and pending.loop is not None:
+                by_loop.setdefault(pending.loop, []).append((pending.afut, first + i))
+        self._settle_loops(by_loop)
+
+    def _fail(self, batch: list[_Pending], error: RegistryError, cause: BaseException) -> None:
+        self.stats.failed_batches += 1
+        error.__cause__ = cause
+        if self.hooks.on_failed is not None:
+            try:
+                self.hooks.on_failed([p.event for p in batch])
+            except Exception:
+                logger.exception("wal: on_failed hook failed")
+        by_loop: dict[
+            asyncio.AbstractEventLoop, list[tuple[asyncio.Future[int], int | BaseException]]
+        ] = {}
+        for pending in batch:
+            if pending.cfut is not None:
+                pending.cfut.set_exception(error)
+            elif pending.afut is not None and pending.loop is not None:
+                by_loop.setdefault(pending.loop, []).append((pending.afut, error))
+        self._settle_loops(by_loop)
+
+    @staticmethod
+    def _settle_loops(
+        by_loop: dict[
+            asyncio.AbstractEventLoop, list[tuple[asyncio.Future[int], int | BaseException]]
+        ],
+    ) -> None:
+        for loop, results in by_loop.items():
+            try:
+                loop.call_soon_threadsafe(_settle, results)
+            except RuntimeError:
+                logger.warning(
+                    "wal: a producer's event loop is closed; %d confirmations dropped", len(results)
+                )
+
+    # ---------------------------------------------------------------- producers
+
+    def _encode(self, event: NewEvent) -> bytes:
+        if self._broken is not None:
+            raise TimelineBrokenError("the WAL is broken") from self._broken
+        if self._queue.closed:
+            raise TimelineClosedError("the timeline is closed")
+        return encode_body(event, self.options.max_record_bytes)
+
+    async def submit(self, event: NewEvent) -> asyncio.Future[int]:
+        """Queue ``event``; the returned future resolves to its seq once it is durable.
+
+        Cancellation: if cancelled while waiting for queue space, nothing was queued.
+        Once this returns, the append happens whatever the caller does next.
+        """
+        body = self._encode(event)
+        loop = asyncio.get_running_loop()
+        fut: asyncio.Future[int] = loop.create_future()
+        await self._queue.put(_Pending(event, body, loop, fut, None))
+        return fut
+
+    async def append(self, event: NewEvent) -> int:
+        """Append durably and return the seq.
+
+        Cancellation: before the event is queued, nothing is written; after, the event is
+        still written (the writer does not look back) but the caller no longer learns
+        its seq.
+        """
+        fut = await self.submit(event)
+        return await fut
+
+    def submit_blocking(
+        self, event: NewEvent, timeout: float | None = None
+    ) -> concurrent.futures.Future[int]:
+        """Queue from a worker thread, waiting up to ``timeout`` s for queue space."""
+        body = self._encode(event)
+        cfut: concurrent.futures.Future[int] = concurrent.futures.Future()
+        self._queue.put_blocking(_Pending(event, body, None, None, cfut), timeout)
+        return cfut
+
+    def submit_nowait(self, event: NewEvent) -> concurrent.futures.Future[int]:
+        """Queue without ever blocking; raises :class:`QueueFullError` when full."""
+        body = self._encode(event)
+        cfut: concurrent.futures.Future[int] = concurrent.futures.Future()
+        self._queue.put_nowait(_Pending(event, body, None, None, cfut))
+        return cfut
+
+    # ---------------------------------------------------------------- readers
+
+    def _reader_fd(self, segment_id: int) -> int:
+        fd = self._readers.get(segment_id)
+        if fd is not None:
+            return fd
+        with self._readers_lock:
+            fd = self._readers.get(segment_id)
+            if fd is None:
+                fd = os.open(self._segments[segment_id], os.O_RDONLY)
+                self._readers[segment_id] = fd
+            return fd
+
+    def read_positions(self, positions: list[Position]) -> list[Event]:
+        """Decode the events at ``positions`` (blocking file I/O; any thread).
+
+        Adjacent frames of one segment are read with one ``pread``.
+        """
+        events: list[Event] = []
+        i = 0
+        while i < len(positions):
+            first = positions[i]
+            j = i + 1
+            end = first.offset + first.length
+            while (
+                j < len(positions)
+                and positions[j].segment_id == first.segment_id
+                and positions[j].offset == end
+            ):
+                end += positions[j].length
+                j += 1
+            fd = self._reader_fd(first.segment_id)
+            buf = os.pread(fd, end - first.offset, first.offset)
+            pos = 0
+            for k in range(i, j):
+                events.append(decode_frame_at(buf, pos))
+                pos += positions[k].length
+            i = j
+        return events
+
+    def read_all(self) -> list[Event]:
+        """Every durable event in seq order (blocking; tests and tools, not hot paths)."""
+        out: list[Event] = []
+        for path in list(self._segments):
+            buf = path.read_bytes()
+            outcome = ScanOutcome()
+            expect = out[-1].seq + 1 if out else 1
+            for info in scan_segment(
+                buf, expect, outcome, is_last=True, max_record_bytes=self.options.max_record_bytes
+            ):
+                out.append(decode_frame_at(buf, info.offset))
+        return out
+
+
+def decode_record(buf: bytes, info: RecordInfo) -> Event:
+    """Decode the full event behind a :class:`RecordInfo` from its segment's bytes."""
+    return decode_frame_at(buf, info.offset)
+
+
+__all__ = [
+    "DEFAULT_SEGMENT_BYTES",
+    "RecoveryReport",
+    "Wal",
+    "WalFaults",
+    "WalHooks",
+    "WalOptions",
+    "decode_payload",
+    "decode_record",
+    "segment_name",
+]

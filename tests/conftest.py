@@ -1,0 +1,60 @@
+"""Shared fixtures.
+
+``no_blocking_on_loop`` (autouse) fails any test in which ``fsync``/``fdatasync`` run on
+a thread that is running an asyncio event loop: durable I/O belongs to the WAL writer
+thread or ``asyncio.to_thread``, never to the loop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from registry.timeline import Timeline, TimelineConfig
+from registry.wal import WalFaults
+
+_BLOCKING = ("fsync", "fdatasync")
+
+
+@pytest.fixture(autouse=True)
+def no_blocking_on_loop(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[str]]:
+    offences: list[str] = []
+
+    def guard(name: str, real: Callable[..., Any]) -> Callable[..., Any]:
+        def wrapper(*args: Any, **kwargs: Any) -> Any:
+            try:
+                asyncio.get_running_loop()
+            except RuntimeError:
+                return real(*args, **kwargs)
+            offences.append(name)
+            return real(*args, **kwargs)
+
+        return wrapper
+
+    for name in _BLOCKING:
+        monkeypatch.setattr(os, name, guard(name, getattr(os, name)))
+    yield offences
+    assert not offences, f"blocking calls on the event loop thread: {offences}"
+
+
+@pytest.fixture
+def timeline_factory(tmp_path: Path) -> Iterator[Callable[..., Timeline]]:
+    """Open timelines on ``tmp_path`` (or another dir); all are closed at teardown."""
+    opened: list[Timeline] = []
+
+    def factory(
+        data_dir: Path | None = None, *, faults: WalFaults | None = None, **kwargs: Any
+    ) -> Timeline:
+        config = TimelineConfig(data_dir or tmp_path / "data", **kwargs)
+        timeline = Timeline.open(config, faults=faults)
+        opened.append(timeline)
+        return timeline
+
+    yield factory
+    for timeline in reversed(opened):
+        timeline.close()

@@ -1,0 +1,1 @@
+"""HTTP surface of whip-ingest: WHIP endpoint, REST API, auth, admission, CLI."""
