@@ -1,7 +1,9 @@
 """The aiohttp application: state keys, startup and cleanup, routes.
 
-Startup order: open the timeline (recovery, off the loop). Cleanup runs in reverse and
-collects failures instead of swallowing them.
+Startup order: open the timeline (recovery, off the loop), then the session manager.
+Cleanup runs in reverse: live sessions are closed (``session_closed`` reason
+``shutdown``, durable), then the timeline is flushed and closed. Cleanup failures are
+collected and logged, not swallowed silently.
 """
 
 from __future__ import annotations
@@ -9,26 +11,19 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import AsyncIterator
-from dataclasses import dataclass
-from pathlib import Path
 
 from aiohttp import web
 
 from registry.timeline import Timeline, TimelineConfig
+from whip.auth import Authenticator
+from whip.config import Config
 from whip.middleware import error_middleware
+from whip.routes_whip import AUTH_KEY, SESSIONS_KEY, add_routes
+from whip.sessions import SessionManager
 
 logger = logging.getLogger(__name__)
 
-
-@dataclass(frozen=True, slots=True)
-class ServerSettings:
-    """What the app needs to start (the CLI and tests build this)."""
-
-    data_dir: Path
-    stream_ttl_s: float = 0.0
-
-
-SETTINGS_KEY = web.AppKey("settings", ServerSettings)
+CONFIG_KEY = web.AppKey("config", Config)
 TIMELINE_KEY = web.AppKey("timeline", Timeline)
 
 
@@ -52,20 +47,49 @@ async def readyz(request: web.Request) -> web.Response:
     return web.json_response(body)
 
 
-async def _timeline_ctx(app: web.Application) -> AsyncIterator[None]:
-    settings = app[SETTINGS_KEY]
-    config = TimelineConfig(settings.data_dir, stream_ttl_s=settings.stream_ttl_s)
-    timeline = await asyncio.to_thread(Timeline.open, config)
+def timeline_config(config: Config) -> TimelineConfig:
+    """The registry's view of the configuration."""
+    wal = config.wal
+    return TimelineConfig(
+        data_dir=config.server.data_dir,
+        segment_bytes=wal.segment_bytes,
+        max_record_bytes=wal.max_record_bytes,
+        queue_capacity=wal.queue_capacity,
+        tail_events=wal.tail_events,
+        warm_runs=wal.warm_runs,
+        deleted_retention=wal.deleted_retention,
+        stream_ttl_s=config.limits.stream_ttl_s,
+        on_corruption=wal.on_corruption,
+    )
+
+
+async def _lifecycle(app: web.Application) -> AsyncIterator[None]:
+    config = app[CONFIG_KEY]
+    timeline = await asyncio.to_thread(Timeline.open, timeline_config(config))
     app[TIMELINE_KEY] = timeline
+    manager = SessionManager(config, timeline)
+    app[SESSIONS_KEY] = manager
     yield
-    await timeline.aclose()
+    errors: list[BaseException] = []
+    try:
+        await manager.shutdown()
+    except Exception as exc:
+        errors.append(exc)
+    try:
+        await timeline.aclose()
+    except Exception as exc:
+        errors.append(exc)
+    for error in errors:
+        logger.error("cleanup failed: %r", error)
 
 
-def create_app(settings: ServerSettings) -> web.Application:
+def create_app(config: Config) -> web.Application:
     """Build the application; nothing is opened until it starts."""
     app = web.Application(middlewares=[error_middleware], client_max_size=64 * 1024)
-    app[SETTINGS_KEY] = settings
-    app.cleanup_ctx.append(_timeline_ctx)
+    app[CONFIG_KEY] = config
+    app[AUTH_KEY] = Authenticator.from_config(config)
+    app.cleanup_ctx.append(_lifecycle)
     app.router.add_get("/healthz", healthz)
     app.router.add_get("/readyz", readyz)
+    add_routes(app)
     return app

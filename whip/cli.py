@@ -4,12 +4,16 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import sys
 from pathlib import Path
 
 from aiohttp import web
 
-from whip.app import ServerSettings, create_app
+from whip.aiortc_compat import IncompatibleAiortcError, check_internals
+from whip.app import create_app
+from whip.config import Config, ConfigError, is_loopback, load_config
+from whip.rtc_hooks import restrict_host_addresses
 
 logger = logging.getLogger(__name__)
 
@@ -18,11 +22,29 @@ def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="whip-ingest", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
     serve = sub.add_parser("serve", help="run the ingest server")
-    serve.add_argument("--host", default="127.0.0.1")
-    serve.add_argument("--port", type=int, default=8080)
-    serve.add_argument("--data-dir", type=Path, default=Path("./data"))
-    serve.add_argument("--log-level", default="INFO")
+    serve.add_argument("--config", type=Path, default=None, help="TOML config file")
+    serve.add_argument("--host", default=None)
+    serve.add_argument("--port", type=int, default=None)
+    serve.add_argument("--data-dir", type=Path, default=None)
+    serve.add_argument("--max-sessions", type=int, default=None)
+    serve.add_argument("--stream-limit", type=int, default=None)
+    serve.add_argument(
+        "--public-host",
+        action="append",
+        default=None,
+        help="address to advertise as ICE host candidate (repeatable)",
+    )
+    serve.add_argument("--log-level", default=os.environ.get("WHIP_INGEST_LOG_LEVEL", "INFO"))
     return parser
+
+
+def configure_ice(config: Config) -> None:
+    """Advertise the configured public hosts, or loopback when bound to loopback only."""
+    hosts = list(config.server.public_hosts)
+    if not hosts and is_loopback(config.server.host):
+        hosts = ["::1"] if ":" in config.server.host else ["127.0.0.1"]
+    if hosts:
+        restrict_host_addresses(hosts)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -33,9 +55,33 @@ def main(argv: list[str] | None = None) -> int:
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
         stream=sys.stderr,
     )
-    if args.command == "serve":
-        app = create_app(ServerSettings(data_dir=args.data_dir))
-        logger.info("serving on http://%s:%d (data dir %s)", args.host, args.port, args.data_dir)
-        web.run_app(app, host=args.host, port=args.port, print=None)
-        return 0
-    return 2
+    if args.command != "serve":
+        return 2
+    overrides = {
+        "server.host": args.host,
+        "server.port": args.port,
+        "server.data_dir": args.data_dir,
+        "limits.max_sessions": args.max_sessions,
+        "limits.stream_limit": args.stream_limit,
+        "server.public_hosts": tuple(args.public_host) if args.public_host else None,
+    }
+    config_path = args.config or (
+        Path(os.environ["WHIP_INGEST_CONFIG"]) if "WHIP_INGEST_CONFIG" in os.environ else None
+    )
+    try:
+        config = load_config(config_path, os.environ, overrides)
+        check_internals()
+    except (ConfigError, IncompatibleAiortcError) as exc:
+        logger.error("cannot start: %s", exc)
+        return 2
+    if not config.principals:
+        logger.warning(
+            "no principals configured: anonymous mode (loopback only); every "
+            "caller is principal 'anonymous' with operator rights"
+        )
+    configure_ice(config)
+    app = create_app(config)
+    host, port = config.server.host, config.server.port
+    logger.info("serving on http://%s:%d (data dir %s)", host, port, config.server.data_dir)
+    web.run_app(app, host=host, port=port, print=None)
+    return 0

@@ -1,0 +1,138 @@
+"""WHIP (RFC 9725) routes: the endpoint, the session URL, OPTIONS and the 405s.
+
+- ``POST /whip`` and ``POST /whip/{stream}``: checks before any resource is taken
+  (auth, Content-Type, size, SDP syntax, something receivable), then the detached
+  session transaction; 201 with the answer, ``Location``, ``ETag``, ``X-Run-Id`` and
+  ``Link`` headers.
+- ``DELETE /whip/sessions/{id}``: closes the session (reason ``deleted``); a repeat is
+  200 from the reclaimed-session tombstone; an id never seen is 404.
+- ``GET``/``HEAD``/``PUT`` on the endpoint, and ``GET``/``HEAD``/``POST``/``PUT`` on the
+  session URL, are 405: RFC 9725 reserves them.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+import time
+
+from aiohttp import web
+
+from whip.auth import Authenticator, Principal, Role
+from whip.errors import HttpError
+from whip.sdp import check_content_type, check_offer
+from whip.session import CloseReason
+from whip.sessions import SessionManager
+
+logger = logging.getLogger(__name__)
+
+AUTH_KEY = web.AppKey("auth", Authenticator)
+SESSIONS_KEY = web.AppKey("sessions", SessionManager)
+
+_STREAM = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
+_SESSION_ID = re.compile(r"s_[A-Za-z0-9_-]{22}")
+EXPOSED = "Location, ETag, Link, X-Run-Id, Accept-Post, Retry-After"
+
+
+def _cors(request: web.Request, response: web.StreamResponse) -> web.StreamResponse:
+    response.headers["Access-Control-Allow-Origin"] = request.headers.get("Origin", "*")
+    response.headers["Access-Control-Expose-Headers"] = EXPOSED
+    response.headers["Vary"] = "Origin"
+    return response
+
+
+def _principal(request: web.Request) -> Principal:
+    return request.app[AUTH_KEY].require(request.headers.get("Authorization"), Role.PUBLISHER)
+
+
+async def post_whip(request: web.Request) -> web.StreamResponse:
+    """Accept a push: checks first, then the session transaction."""
+    posted_at = time.monotonic()
+    principal = _principal(request)
+    stream = request.match_info.get("stream", "")
+    if stream and (not _STREAM.fullmatch(stream) or stream == "sessions"):
+        raise HttpError("stream names are 1-64 chars of [A-Za-z0-9_.-]", code="bad_stream")
+    check_content_type(request.headers.get("Content-Type"))
+    manager = request.app[SESSIONS_KEY]
+    limit = manager.config.limits.sdp_max_bytes
+    body = await request.content.read(limit + 1)
+    summary = check_offer(body, max_bytes=limit)
+    admitted = await manager.admit(principal.name, stream, body.decode("utf-8"), summary, posted_at)
+    session = admitted.session
+    logger.info(
+        "session %s run %s: 201 in %.1f ms",
+        session.session_id,
+        session.run_id,
+        (time.monotonic() - posted_at) * 1000,
+    )
+    location = f"/whip/sessions/{session.session_id}"
+    response = web.Response(
+        status=201,
+        body=admitted.answer_sdp.encode(),
+        content_type="application/sdp",
+        headers={
+            "Location": location,
+            "ETag": session.etag,
+            "X-Run-Id": session.run_id,
+            "Link": f'</v1/runs/{session.run_id}>; rel="related"',
+        },
+    )
+    for server in manager.config.server.ice_servers:
+        response.headers.add("Link", f'<{server.url}>; rel="ice-server"')
+    return _cors(request, response)
+
+
+async def delete_session(request: web.Request) -> web.StreamResponse:
+    """Close a session; idempotent through the tombstone."""
+    principal = _principal(request)
+    session_id = request.match_info["session_id"]
+    manager = request.app[SESSIONS_KEY]
+    session = manager.table.get(session_id) if _SESSION_ID.fullmatch(session_id) else None
+    if session is not None and (principal.is_operator or session.principal == principal.name):
+        await manager.close(session, CloseReason.DELETED)
+        return _cors(request, web.Response(status=200))
+    stone = manager.table.tombstone(session_id)
+    if stone is not None:
+        return _cors(request, web.Response(status=200))
+    raise HttpError("no such session", status=404, code="not_found")
+
+
+async def options_whip(request: web.Request) -> web.StreamResponse:
+    """CORS preflight and ``Accept-Post``."""
+    response = web.Response(status=204)
+    response.headers["Accept-Post"] = "application/sdp"
+    response.headers["Access-Control-Allow-Methods"] = "OPTIONS, POST, DELETE, PATCH"
+    response.headers["Access-Control-Allow-Headers"] = "Authorization, Content-Type, If-Match"
+    response.headers["Access-Control-Max-Age"] = "600"
+    return _cors(request, response)
+
+
+def _reserved(allow: str) -> web.Response:
+    raise web.HTTPMethodNotAllowed(
+        "reserved by RFC 9725", allow.split(", "), headers={"Allow": allow}
+    )
+
+
+async def endpoint_reserved(request: web.Request) -> web.StreamResponse:
+    """GET/HEAD/PUT on the WHIP endpoint: 405."""
+    return _reserved("OPTIONS, POST")
+
+
+async def session_reserved(request: web.Request) -> web.StreamResponse:
+    """GET/HEAD/POST/PUT on the session URL: 405."""
+    return _reserved("OPTIONS, DELETE, PATCH")
+
+
+def add_routes(app: web.Application) -> None:
+    """Register the WHIP routes."""
+    for path in ("/whip", "/whip/{stream}"):
+        app.router.add_post(path, post_whip)
+        app.router.add_route("OPTIONS", path, options_whip)
+        app.router.add_get(path, endpoint_reserved, allow_head=True)
+        app.router.add_put(path, endpoint_reserved)
+    session = "/whip/sessions/{session_id}"
+    app.router.add_delete(session, delete_session)
+    app.router.add_route("OPTIONS", session, options_whip)
+    app.router.add_get(session, session_reserved, allow_head=True)
+    app.router.add_post(session, session_reserved)
+    app.router.add_put(session, session_reserved)

@@ -1,0 +1,356 @@
+"""The session manager: the detached session transaction, the reclaimer, closing.
+
+Session transaction (ARCHITECTURE.md "Flow of one push", step 2), in this order; every
+failure path releases exactly what was taken, in reverse:
+
+1. reserve a stream slot for the principal           -> refusal 409
+2. reserve the media budget (bytes + threads)        -> refusal 503 + Retry-After
+   negotiate: peer connection, remote offer, answer (ICE gathering)
+3. append ``run_created`` durably                    -> failure 500
+4. insert into the session table (exact cap)         -> failure: tombstone the run
+   (``run_deleted``, retried in the background until durable), 503
+5. start the reclaimer; no ``await`` between 4 and 5, so a visible session always has
+   an owner.
+
+The transaction runs as its own task: a client that hangs up cancels only its wait, never
+a half-done step. What the transaction built is then either answered or, if nobody
+connects, reclaimed by the reclaimer's connect deadline.
+
+Closing: :meth:`SessionManager.close` is the one way a session ends. The caller that
+wins ``remove_if_owned`` closes the peer, writes ``session_closed`` (durable) and
+releases the permit; every other caller gets ``False``. It also runs detached, so a
+DELETE whose client disconnects still finishes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import secrets
+import time
+from collections.abc import Awaitable
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+from aiortc import RTCConfiguration, RTCIceServer, RTCPeerConnection, RTCSessionDescription
+
+from registry.events import EventType, NewEvent
+from registry.timeline import Timeline
+from whip.admission import MediaBudget, StreamSlots
+from whip.config import Config
+from whip.errors import HttpError
+from whip.rtc_hooks import (
+    Liveness,
+    install_dtls_kick,
+    install_media_liveness,
+    use_wide_certificate,
+)
+from whip.sdp import OfferSummary, finalize_answer
+from whip.session import CloseReason, WhipSession
+from whip.session_table import SessionIdCollisionError, SessionTable
+
+logger = logging.getLogger(__name__)
+
+T = TypeVar("T")
+
+CONNECT_DEADLINE_S = 20.0
+TOMBSTONE_RETRIES = 3
+
+
+class SessionSupersededConflictError(HttpError):
+    """``reconnect = "reject"`` and the stream already has a live session."""
+
+    status = 409
+    code = "stream_busy"
+
+
+@dataclass(frozen=True, slots=True)
+class Admitted:
+    """What the 201 answer needs."""
+
+    session: WhipSession
+    answer_sdp: str
+
+
+def new_id(prefix: str) -> str:
+    """An unguessable id (128 bits from the OS CSPRNG)."""
+    return f"{prefix}{secrets.token_urlsafe(16)}"
+
+
+class SessionManager:
+    """Owns the session table and every session's lifecycle."""
+
+    def __init__(self, config: Config, timeline: Timeline) -> None:
+        self.config = config
+        self.timeline = timeline
+        limits = config.limits
+        self.slots = StreamSlots(limits.stream_limit, timeline.runs.count_active_runs_for_principal)
+        self.budget = MediaBudget(limits.media_budget_bytes, limits.media_budget_threads)
+        self.table: SessionTable[WhipSession] = SessionTable(
+            limits.max_sessions,
+            tombstone_ttl_s=limits.tombstone_ttl_s,
+            tombstone_cap=limits.tombstone_capacity,
+        )
+        self._background: set[asyncio.Task[Any]] = set()
+
+    # ------------------------------------------------------------ detached work
+
+    def detach(self, coro: Awaitable[T], name: str) -> asyncio.Task[T]:
+        """Run ``coro`` as a task the caller's cancellation cannot reach."""
+        task: asyncio.Task[T] = asyncio.ensure_future(coro)
+        task.set_name(name)
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
+        return task
+
+    async def run_detached(self, coro: Awaitable[T], name: str) -> T:
+        """Await ``coro`` in a detached task. Cancellation: the caller stops waiting; the
+        task runs to completion."""
+        return await asyncio.shield(self.detach(coro, name))
+
+    # ------------------------------------------------------------ the transaction
+
+    async def admit(
+        self, principal: str, stream: str, offer_sdp: str, summary: OfferSummary, posted_at: float
+    ) -> Admitted:
+        """The session transaction (module doc), detached from the request."""
+        return await self.run_detached(
+            self._transaction(principal, stream, offer_sdp, summary, posted_at), "whip-admit"
+        )
+
+    async def _transaction(
+        self, principal: str, stream: str, offer_sdp: str, summary: OfferSummary, posted_at: float
+    ) -> Admitted:
+        await self._handle_reconnect(principal, stream)
+        slot = self.slots.reserve(principal)
+        try:
+            tracks = len(summary.accepted)
+            pipeline = self.config.pipeline
+            permit = self.budget.reserve(pipeline.media_bytes(tracks), pipeline.workers_per_session)
+        except BaseException:
+            slot.release()
+            raise
+        pc: RTCPeerConnection | None = None
+        try:
+            session_id = new_id("s_")
+            run_id = new_id("r_")
+            pc, liveness, answer = await self._negotiate(offer_sdp, summary)
+            session = WhipSession(
+                session_id=session_id,
+                run_id=run_id,
+                principal=principal,
+                stream=stream,
+                pc=pc,
+                permit=permit,
+                etag=f'"{secrets.token_hex(8)}"',
+                posted_at=posted_at,
+                liveness=liveness,
+            )
+            await self.timeline.append(
+                NewEvent(
+                    run_id,
+                    EventType.RUN_CREATED,
+                    principal,
+                    {
+                        "stream": stream,
+                        "session_id": session_id,
+                        "codecs": [
+                            p.chosen.encoding for p in summary.accepted if p.chosen is not None
+                        ],
+                    },
+                )
+            )
+        except BaseException:
+            if pc is not None:
+                await pc.close()
+            permit.release()
+            slot.release()
+            raise
+        slot.release()  # the durable run now counts as committed
+        try:
+            self.table.insert(session_id, session)
+        except (HttpError, SessionIdCollisionError) as exc:
+            await pc.close()
+            permit.release()
+            self.detach(self._tombstone_run(run_id, principal), f"tombstone-{run_id}")
+            if isinstance(exc, HttpError):
+                raise
+            raise HttpError(
+                "session id collision; retry",
+                status=503,
+                code="session_cap",
+                headers={"Retry-After": "1"},
+            ) from exc
+        # No await between insertion and the reclaimer: a visible session has an owner.
+        session.reclaimer = asyncio.create_task(
+            self._reclaimer(session), name=f"reclaim-{session_id}"
+        )
+        logger.info(
+            "session %s run %s: admitted for %s stream %r", session_id, run_id, principal, stream
+        )
+        return Admitted(session, answer)
+
+    async def _negotiate(
+        self, offer_sdp: str, summary: OfferSummary
+    ) -> tuple[RTCPeerConnection, Liveness, str]:
+        servers = [
+            RTCIceServer(urls=s.url, username=s.username, credential=s.credential)
+            for s in self.config.server.ice_servers
+        ]
+        pc = RTCPeerConnection(RTCConfiguration(iceServers=servers))
+        try:
+            use_wide_certificate(pc)
+            await pc.setRemoteDescription(RTCSessionDescription(sdp=offer_sdp, type="offer"))
+            for transceiver in pc.getTransceivers():
+                transceiver.direction = "recvonly"
+            install_dtls_kick(pc)
+            # Before setLocalDescription: ICE starts consent checks as soon as it connects.
+            liveness = install_media_liveness(pc, self.config.limits.reclaim_after_s)
+            answer = await pc.createAnswer()
+            await pc.setLocalDescription(answer)
+            sdp = finalize_answer(pc.localDescription.sdp, summary, self.config.server.public_hosts)
+        except BaseException:
+            await pc.close()
+            raise
+        return pc, liveness, sdp
+
+    async def _tombstone_run(self, run_id: str, principal: str) -> None:
+        """Write ``run_deleted`` for a run whose session never became visible."""
+        delay = 0.1
+        attempt = 0
+        while True:
+            attempt += 1
+            try:
+                await self.timeline.delete_run(run_id, principal, {"reason": "admission_failed"})
+                return
+            except Exception as exc:
+                logger.warning("run %s: tombstone attempt %d failed: %s", run_id, attempt, exc)
+                if not self.timeline.ready:
+                    return
+            await asyncio.sleep(delay if attempt < TOMBSTONE_RETRIES else 5.0)
+            delay *= 2
+
+    async def _handle_reconnect(self, principal: str, stream: str) -> None:
+        if not stream:
+            return
+        for session in self.table.live():
+            if session.principal == principal and session.stream == stream:
+                if self.config.server.reconnect == "reject":
+                    raise SessionSupersededConflictError(
+                        f"stream {stream!r} already has a live session"
+                    )
+                await self.close(session, CloseReason.SUPERSEDED)
+
+    # ------------------------------------------------------------ the reclaimer
+
+    async def _reclaimer(self, session: WhipSession) -> None:
+        """Watch the peer; reclaim on failed/closed/disconnected or no connect in time.
+
+        No lost wakeup: the change flag is cleared *before* the state is read, so a
+        change during any await below sets it again. Whatever ends the watch (including
+        an unexpected error), the session is closed as ``peer_gone`` unless another
+        caller won it first. Cancellation: only :meth:`close` cancels it, after winning.
+        """
+        changed = asyncio.Event()
+        pc = session.pc
+
+        def on_change() -> None:
+            session.state_history.append(pc.connectionState)
+            changed.set()
+
+        pc.on("connectionstatechange", on_change)
+        deadline = time.monotonic() + CONNECT_DEADLINE_S
+        try:
+            while True:
+                changed.clear()
+                state = pc.connectionState
+                if state in ("failed", "closed", "disconnected"):
+                    return
+                if state == "connected" and not session.connected:
+                    session.connected = True
+                    waited_ms = int((time.monotonic() - session.posted_at) * 1000)
+                    await self._append_quietly(
+                        session, EventType.SESSION_CONNECTED, {"ms_since_post": waited_ms}
+                    )
+                    continue
+                timeout = None if session.connected else deadline - time.monotonic()
+                if timeout is not None and timeout <= 0:
+                    logger.info(
+                        "session %s run %s: no connection within %.0fs",
+                        session.session_id,
+                        session.run_id,
+                        CONNECT_DEADLINE_S,
+                    )
+                    return
+                try:
+                    async with asyncio.timeout(timeout):
+                        await changed.wait()
+                except TimeoutError:
+                    continue
+        except Exception:
+            logger.exception(
+                "session %s run %s: reclaimer failed", session.session_id, session.run_id
+            )
+        finally:
+            if not session.closing:
+                self.detach(
+                    self.close(session, CloseReason.PEER_GONE), f"reclaim-{session.session_id}"
+                )
+
+    async def _append_quietly(
+        self, session: WhipSession, etype: str, data: dict[str, object]
+    ) -> None:
+        try:
+            await self.timeline.append(NewEvent(session.run_id, etype, session.principal, data))
+        except Exception as exc:
+            logger.error(
+                "session %s run %s: cannot append %s: %s",
+                session.session_id,
+                session.run_id,
+                etype,
+                exc,
+            )
+
+    # ------------------------------------------------------------ closing
+
+    async def close(self, session: WhipSession, reason: CloseReason) -> bool:
+        """End ``session`` if we win its removal; True for the one winner.
+
+        Detached: a cancelled caller does not stop the close half-way.
+        """
+        if not self.table.remove_if_owned(session.session_id, session, session.run_id, reason):
+            return False
+        return await self.run_detached(self._finish(session, reason), f"close-{session.session_id}")
+
+    async def _finish(self, session: WhipSession, reason: CloseReason) -> bool:
+        session.closing = True
+        current = asyncio.current_task()
+        if session.reclaimer is not None and session.reclaimer is not current:
+            session.reclaimer.cancel()
+        try:
+            await session.pc.close()
+        except Exception:
+            logger.exception("session %s: peer close failed", session.session_id)
+        session.permit.release()
+        await self._append_quietly(session, EventType.SESSION_CLOSED, {"reason": reason.value})
+        logger.info(
+            "session %s run %s: closed (%s)", session.session_id, session.run_id, reason.value
+        )
+        return True
+
+    def find_by_run(self, run_id: str) -> WhipSession | None:
+        """The live session of ``run_id``, if any."""
+        for session in self.table.live():
+            if session.run_id == run_id:
+                return session
+        return None
+
+    async def shutdown(self) -> None:
+        """Close every live session (reason ``shutdown``), then wait for detached work."""
+        sessions = self.table.live()
+        await asyncio.gather(
+            *(self.close(s, CloseReason.SHUTDOWN) for s in sessions), return_exceptions=True
+        )
+        pending = [t for t in self._background if not t.done()]
+        if pending:
+            await asyncio.wait(pending, timeout=10)
