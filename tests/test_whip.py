@@ -12,7 +12,7 @@ import pytest
 from aiohttp.test_utils import TestServer
 
 from registry.timeline import Timeline
-from tests.whip_peers import AiortcPublisher
+from tests.whip_peers import AiortcPublisher, ffmpeg_whip_push
 from whip.app import TIMELINE_KEY, create_app
 from whip.auth import hash_token
 from whip.cli import configure_ice
@@ -225,3 +225,25 @@ async def test_exact_session_cap_under_concurrent_posts(server_factory: Callable
     assert len(manager.table) == 0
     assert manager.budget.figures().bytes_reserved == 0
     assert manager.slots.reserved() == 0
+
+
+async def test_ffmpeg_whip_muxer_push_connects_and_its_delete_closes(
+    server_factory: Callable[..., Any],
+) -> None:
+    server = await server_factory()
+    timeline = server.app[TIMELINE_KEY]
+    manager: SessionManager = server.app[SESSIONS_KEY]
+    url = str(server.make_url("/whip/ffmpeg"))
+    sent = await asyncio.to_thread(ffmpeg_whip_push, url, 3.0)
+    assert sent == 90
+    runs = timeline.runs.list_runs()
+    assert len(runs) == 1
+    run_id = runs[0].run_id
+    await _wait_for_type(timeline, run_id, "session_closed", wait_s=20)
+    events = await _events(timeline, run_id)
+    types = [t for t, _ in events]
+    assert types[:2] == ["run_created", "session_connected"]
+    assert [d["reason"] for t, d in events if t == "session_closed"] == ["deleted"]
+    assert events[1][1]["ms_since_post"] < 1000, "the DTLS resend keeps connect well under 1 s"
+    assert len(manager.table) == 0
+    assert manager.budget.figures().bytes_reserved == 0

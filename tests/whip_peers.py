@@ -60,3 +60,62 @@ class AiortcPublisher:
     async def close(self) -> None:
         """Close the peer connection."""
         await self.pc.close()
+
+
+def ffmpeg_whip_push(
+    url: str,
+    seconds: float,
+    *,
+    fps: int = 30,
+    size: tuple[int, int] = (320, 180),
+    audio: bool = True,
+) -> int:
+    """Push a generated pattern (H.264 + Opus) with FFmpeg's WHIP muxer through PyAV.
+
+    Blocking and paced in real time; bounded by ``seconds``. Closing the container makes
+    the muxer DELETE its session URL. Returns the number of video frames sent.
+    """
+    import fractions
+    import time
+
+    import av
+    import numpy as np
+
+    width, height = size
+    out = av.open(url, mode="w", format="whip", options={"handshake_timeout": "5000"})
+    try:
+        video = out.add_stream("libx264", rate=fps)
+        video.width, video.height, video.pix_fmt = width, height, "yuv420p"
+        video.codec_context.gop_size = fps
+        video.codec_context.max_b_frames = 0
+        video.codec_context.options = {
+            "preset": "ultrafast",
+            "tune": "zerolatency",
+            "profile": "baseline",
+        }
+        video.codec_context.time_base = fractions.Fraction(1, fps)
+        sound = out.add_stream("libopus", rate=48000, layout="stereo") if audio else None
+        frames = int(seconds * fps)
+        started = time.monotonic()
+        for index in range(frames):
+            delay = started + index / fps - time.monotonic()
+            if delay > 0:
+                time.sleep(delay)
+            image = np.full((height, width, 3), (index * 3) % 256, dtype=np.uint8)
+            frame = av.VideoFrame.from_ndarray(image, format="rgb24").reformat(format="yuv420p")
+            frame.pts = index
+            frame.time_base = fractions.Fraction(1, fps)
+            for packet in video.encode(frame):
+                out.mux(packet)
+            if sound is not None and index % 3 == 0:
+                for chunk in range(5):  # 100 ms of audio per 3 video frames at 30 fps
+                    samples = np.zeros((1, 960 * 2), dtype=np.int16)
+                    block = av.AudioFrame.from_ndarray(samples, format="s16", layout="stereo")
+                    block.sample_rate = 48000
+                    block.pts = (index // 3 * 5 + chunk) * 960
+                    block.time_base = fractions.Fraction(1, 48000)
+                    for packet in sound.encode(block):
+                        out.mux(packet)
+        return frames
+    finally:
+        out.close()
