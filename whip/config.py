@@ -184,7 +184,9 @@ class LimitsConfig:
         "stream_ttl_s": _Rule("a live run silent this long reads as expired (0: never)", 0, 1e6),
         "sdp_max_bytes": _Rule("largest SDP offer accepted (413 above)", KiB, MiB),
         "reclaim_after_s": _Rule(
-            "a session without a connected peer this long is reclaimed", 1, 3600
+            "a peer that sends no media and answers no consent check this long is reclaimed",
+            1,
+            3600,
         ),
         "tombstone_ttl_s": _Rule("a reclaimed session URL answers DELETE this long", 1, 86400),
         "tombstone_capacity": _Rule("reclaimed-session tombstones kept", 1, 1 << 20),

@@ -54,6 +54,8 @@ logger = logging.getLogger(__name__)
 T = TypeVar("T")
 
 CONNECT_DEADLINE_S = 20.0
+ACTIVITY_TOUCH_S = 5.0
+"""While connected, the reclaimer records the run's activity this often (media flowing)."""
 TOMBSTONE_RETRIES = 3
 
 
@@ -273,8 +275,8 @@ class SessionManager:
                         session, EventType.SESSION_CONNECTED, {"ms_since_post": waited_ms}
                     )
                     continue
-                timeout = None if session.connected else deadline - time.monotonic()
-                if timeout is not None and timeout <= 0:
+                timeout = ACTIVITY_TOUCH_S if session.connected else deadline - time.monotonic()
+                if not session.connected and timeout <= 0:
                     logger.info(
                         "session %s run %s: no connection within %.0fs",
                         session.session_id,
@@ -286,7 +288,7 @@ class SessionManager:
                     async with asyncio.timeout(timeout):
                         await changed.wait()
                 except TimeoutError:
-                    continue
+                    self._touch_if_alive(session)
         except Exception:
             logger.exception(
                 "session %s run %s: reclaimer failed", session.session_id, session.run_id
@@ -296,6 +298,12 @@ class SessionManager:
                 self.detach(
                     self.close(session, CloseReason.PEER_GONE), f"reclaim-{session.session_id}"
                 )
+
+    def _touch_if_alive(self, session: WhipSession) -> None:
+        """Media flowing is proof of life: keep the run from reading as expired."""
+        liveness = session.liveness
+        if liveness is not None and time.monotonic() - liveness.last_life() < ACTIVITY_TOUCH_S:
+            self.timeline.runs.touch(session.run_id)
 
     async def _append_quietly(
         self, session: WhipSession, etype: str, data: dict[str, object]
