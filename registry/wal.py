@@ -23,7 +23,9 @@ Recovery (:meth:`Wal.recover`, before the writer starts) scans every segment in 
 and applies the rules of :mod:`registry.record`: a torn tail of the last segment is
 truncated; corruption elsewhere is either fatal (``on_corruption="fail"``) or the bad
 remainder and every later segment are moved, intact, to ``wal/quarantine/`` and the log
-continues from the last good record (``"quarantine"``, the default). Both are logged.
+continues from the last good record (``"quarantine"``, the default; each recovery gets
+its own ``quarantine/<UTC time>-<n>/`` folder, so nothing quarantined is ever
+overwritten). Both are logged.
 """
 
 from __future__ import annotations
@@ -299,8 +301,21 @@ class Wal:
     def _quarantine(
         self, path: Path, buf: bytes, good_end: int, later: list[Path], report: RecoveryReport
     ) -> None:
-        qdir = self.dir / "quarantine"
-        qdir.mkdir(exist_ok=True)
+        # One fresh folder per recovery: a later corruption (seqs get reused after a
+        # quarantine) must never overwrite what an earlier one preserved.
+        root = self.dir / "quarantine"
+        root.mkdir(exist_ok=True)
+        stamp = time.strftime("%Y%m%dT%H%M%S", time.gmtime())
+        for attempt in range(1000):
+            qdir = root / f"{stamp}-{attempt:03d}"
+            try:
+                qdir.mkdir()
+                break
+            except FileExistsError:
+                continue
+        else:
+            raise OSError(f"cannot create a quarantine folder under {root}")
+        _fsync_dir(root)
         kept = qdir / f"{path.name}.from-{good_end}"
         kept.write_bytes(buf[good_end:])
         with open(kept, "rb+") as fh:
