@@ -24,7 +24,9 @@ test: $(STAMP)
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
 
 bench: $(STAMP)
-	$(BIN)/python bench/wal.py
+	$(BIN)/python bench/wal.py > bench-wal.json
+	$(BIN)/python bench/crash.py > bench-crash.json
+	@echo "figures in bench-wal.json and bench-crash.json"
 
 lint: $(STAMP)
 	$(BIN)/ruff check .
