@@ -59,6 +59,7 @@ from typing import Any
 from registry.events import EventType, NewEvent
 from registry.snapshot import DEFAULT_TAIL_EVENTS
 from registry.timeline import Timeline, TimelineConfig
+from registry.wal import settle_futures
 
 PRINCIPAL = "bench"
 RECOVERY_TARGET_S = 5.0
@@ -336,16 +337,6 @@ class SqlitePerEvent:
             self._conn.close()
 
 
-def _settle(results: list[tuple[asyncio.Future[int], int | BaseException]]) -> None:
-    for fut, result in results:
-        if fut.done():
-            continue
-        if isinstance(result, BaseException):
-            fut.set_exception(result)
-        else:
-            fut.set_result(result)
-
-
 @dataclass(slots=True)
 class _Queued:
     row: tuple[str, str, int, str, str]
@@ -411,7 +402,7 @@ class SqliteBatched:
                     result: int | BaseException = first + i if outcome is None else outcome
                     by_loop.setdefault(item.loop, []).append((item.fut, result))
                 for loop, results in by_loop.items():
-                    loop.call_soon_threadsafe(_settle, results)
+                    loop.call_soon_threadsafe(settle_futures, results)
         finally:
             conn.close()
 

@@ -143,7 +143,8 @@ class _Pending:
         self.cfut = cfut
 
 
-def _settle(results: list[tuple[asyncio.Future[int], int | BaseException]]) -> None:
+def settle_futures(results: list[tuple[asyncio.Future[int], int | BaseException]]) -> None:
+    """Resolve loop futures with seqs or errors (runs on their loop; skips done ones)."""
     for fut, result in results:
         if fut.done():
             continue
@@ -531,7 +532,7 @@ class Wal:
     ) -> None:
         for loop, results in by_loop.items():
             try:
-                loop.call_soon_threadsafe(_settle, results)
+                loop.call_soon_threadsafe(settle_futures, results)
             except RuntimeError:
                 logger.warning(
                     "wal: a producer's event loop is closed; %d confirmations dropped", len(results)
