@@ -17,8 +17,8 @@ from registry.errors import InvalidEventError
 
 JsonObject = dict[str, Any]
 
-_TYPE_RE = re.compile(r"^[a-z][a-z0-9_]{0,63}$")
-_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.:-]{0,127}$")
+_TYPE_RE = re.compile(r"[a-z][a-z0-9_]{0,63}")
+_ID_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.:-]{0,127}")
 
 
 class EventType(StrEnum):
@@ -45,9 +45,26 @@ def now_ms() -> int:
     return time.time_ns() // 1_000_000
 
 
+_VALIDATED_CAP = 4096
+_validated: dict[re.Pattern[str], set[str]] = {_TYPE_RE: set(), _ID_RE: set()}
+"""Values already checked against each pattern (bounded: producers repeat them)."""
+
+
+def _check(value: str, pattern: re.Pattern[str]) -> bool:
+    seen = _validated[pattern]
+    if value in seen:
+        return True
+    if not isinstance(value, str) or not pattern.fullmatch(value):
+        return False
+    if len(seen) >= _VALIDATED_CAP:
+        seen.clear()
+    seen.add(value)
+    return True
+
+
 def is_valid_run_id(run_id: str) -> bool:
     """Run ids are 1-128 chars of ``[A-Za-z0-9_.:-]``, starting alphanumeric."""
-    return bool(_ID_RE.match(run_id))
+    return _check(run_id, _ID_RE)
 
 
 @dataclass(frozen=True, slots=True)
@@ -63,7 +80,7 @@ class NewEvent:
     def __post_init__(self) -> None:
         if not is_valid_run_id(self.run_id):
             raise InvalidEventError(f"invalid run id {self.run_id!r}")
-        if not _TYPE_RE.match(self.type):
+        if not _check(self.type, _TYPE_RE):
             raise InvalidEventError(f"invalid event type {self.type!r}")
         if len(self.principal.encode()) > 256:
             raise InvalidEventError("principal longer than 256 bytes")

@@ -16,17 +16,17 @@ from __future__ import annotations
 from array import array
 from bisect import bisect_right
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
-_OFFSET_BITS = 40
-
-
-def _pack(segment_id: int, offset: int) -> int:
-    return (segment_id << _OFFSET_BITS) | offset
+OFFSET_BITS = 40
 
 
-@dataclass(frozen=True, slots=True)
-class Position:
-    """One frame in one segment."""
+class Position(NamedTuple):
+    """One frame in one segment.
+
+    A NamedTuple, not a frozen dataclass: cold reads build one per event and a frozen
+    dataclass costs ~3x more to construct (measured: 1.3 us vs 0.4 us).
+    """
 
     segment_id: int
     offset: int
@@ -34,26 +34,46 @@ class Position:
 
 
 @dataclass(slots=True)
-class _RunPositions:
+class RunPositions:
+    """One run's event positions, in seq order (appended by the writer/recovery only)."""
+
+    run_id: str
     seqs: array[int] = field(default_factory=lambda: array("Q"))
     locs: array[int] = field(default_factory=lambda: array("Q"))
     lens: array[int] = field(default_factory=lambda: array("I"))
+    last_ts: int = 0
+    """Timestamp of the newest event (recovery derives last activity from it)."""
+
+    def add(self, seq: int, segment_id: int, offset: int, length: int, ts_ms: int) -> None:
+        """Append one position."""
+        self.seqs.append(seq)
+        self.locs.append((segment_id << OFFSET_BITS) | offset)
+        self.lens.append(length)
+        self.last_ts = ts_ms
 
 
 class EventIndex:
     """Per-run, seq-ordered positions of every event in the WAL."""
 
     def __init__(self) -> None:
-        self._runs: dict[str, _RunPositions] = {}
+        self._runs: dict[str, RunPositions] = {}
 
-    def add(self, run_id: str, seq: int, segment_id: int, offset: int, length: int) -> None:
-        """Record one event (writer thread only; seqs arrive in increasing order)."""
+    def positions_for(self, run_id: str) -> RunPositions:
+        """The run's positions, created empty if new (writer thread / recovery only)."""
         run = self._runs.get(run_id)
         if run is None:
-            run = self._runs[run_id] = _RunPositions()
-        run.seqs.append(seq)
-        run.locs.append(_pack(segment_id, offset))
-        run.lens.append(length)
+            run = self._runs[run_id] = RunPositions(run_id)
+        return run
+
+    def add(
+        self, run_id: str, seq: int, segment_id: int, offset: int, length: int, ts_ms: int = 0
+    ) -> None:
+        """Record one event (writer thread only; seqs arrive in increasing order)."""
+        self.positions_for(run_id).add(seq, segment_id, offset, length, ts_ms)
+
+    def runs(self) -> list[RunPositions]:
+        """Every run's positions (a list copy; the objects are live)."""
+        return list(self._runs.values())
 
     def forget(self, run_id: str) -> None:
         """Drop a run's positions (retention eviction)."""
@@ -85,11 +105,23 @@ class EventIndex:
             return []
         start = bisect_right(run.seqs, after_seq)
         stop = min(start + limit, len(run.seqs))
+        return self._slice(run, start, stop)
+
+    def last_positions(self, run_id: str, count: int) -> list[Position]:
+        """Positions of the run's newest ``count`` events, oldest first."""
+        run = self._runs.get(run_id)
+        if run is None:
+            return []
+        total = len(run.seqs)
+        return self._slice(run, max(0, total - count), total)
+
+    @staticmethod
+    def _slice(run: RunPositions, start: int, stop: int) -> list[Position]:
         locs = run.locs[start:stop]
         lens = run.lens[start:stop]
-        mask = (1 << _OFFSET_BITS) - 1
+        mask = (1 << OFFSET_BITS) - 1
         return [
-            Position(loc >> _OFFSET_BITS, loc & mask, length)
+            Position(loc >> OFFSET_BITS, loc & mask, length)
             for loc, length in zip(locs, lens, strict=True)
         ]
 

@@ -40,6 +40,10 @@ PAYLOAD_HEADER = struct.Struct("<QqHHH")
 MIN_PAYLOAD = PAYLOAD_HEADER.size
 DEFAULT_MAX_RECORD_BYTES = 64 * 1024
 
+# One encoder for the process: json.dumps with non-default options builds a new
+# JSONEncoder per call (measured 3.8 us vs 2.5 us per small event).
+_encode_json = json.JSONEncoder(separators=(",", ":"), allow_nan=False).encode
+
 
 def encode_body(event: NewEvent, max_record_bytes: int = DEFAULT_MAX_RECORD_BYTES) -> bytes:
     """Encode everything of the payload but the seq (which only the writer knows).
@@ -51,7 +55,7 @@ def encode_body(event: NewEvent, max_record_bytes: int = DEFAULT_MAX_RECORD_BYTE
     etype = event.type.encode()
     principal = event.principal.encode()
     try:
-        data = json.dumps(event.data, separators=(",", ":"), allow_nan=False).encode()
+        data = _encode_json(event.data).encode()
     except (TypeError, ValueError) as exc:
         raise InvalidEventError(f"event data is not serializable JSON: {exc}") from exc
     body = (
@@ -173,6 +177,67 @@ def _valid_frame_after(buf: bytes, start: int, min_seq: int, max_record_bytes: i
     return -1
 
 
+def scan_frames(
+    buf: bytes,
+    expect_seq: int,
+    outcome: ScanOutcome,
+    *,
+    is_last: bool,
+    max_record_bytes: int = DEFAULT_MAX_RECORD_BYTES,
+) -> Iterator[tuple[int, int, int, int, bytes, bytes]]:
+    """Yield ``(offset, frame_length, seq, ts_ms, run_id, type)`` of every valid record.
+
+    The hot loop of recovery: ``run_id`` and ``type`` stay raw UTF-8 bytes (callers
+    decode each distinct value once), nothing else is decoded. ``outcome`` is filled in
+    when the iterator is exhausted; the first invalid frame is classified per the module
+    rules (torn tail vs corruption).
+    """
+    offset = 0
+    end = len(buf)
+    view = memoryview(buf)
+    checksum = crc32c.crc32c
+    frame_header = FRAME_HEADER.unpack_from
+    payload_header = PAYLOAD_HEADER.unpack_from
+    header_size = FRAME_HEADER.size
+    fixed = PAYLOAD_HEADER.size
+    while offset < end:
+        valid = False
+        if offset + header_size <= end:
+            length, crc = frame_header(buf, offset)
+            start = offset + header_size
+            stop = start + length
+            if (
+                MIN_PAYLOAD <= length <= max_record_bytes - header_size
+                and stop <= end
+                and checksum(view[start:stop]) == crc
+            ):
+                seq, ts_ms, lr, lt, _lp = payload_header(buf, start)
+                if seq == expect_seq:
+                    valid = True
+        if not valid:
+            outcome.good_end = offset
+            outcome.next_seq = expect_seq
+            problem = _frame_ok(buf, offset, expect_seq, max_record_bytes)
+            outcome.reason = f"{problem} at offset {offset}"
+            later = _valid_frame_after(buf, offset, expect_seq, max_record_bytes)
+            outcome.end = ScanEnd.TORN_TAIL if is_last and later < 0 else ScanEnd.CORRUPT
+            return
+        pos = start + fixed
+        yield offset, stop - offset, seq, ts_ms, buf[pos : pos + lr], buf[pos + lr : pos + lr + lt]
+        expect_seq += 1
+        offset = stop
+    outcome.end = ScanEnd.CLEAN
+    outcome.good_end = offset
+    outcome.next_seq = expect_seq
+
+
+def principal_at(buf: bytes, offset: int) -> str:
+    """The principal of the (valid) frame at ``offset``, decoded alone."""
+    _seq, _ts, lr, lt, lp = PAYLOAD_HEADER.unpack_from(buf, offset + FRAME_HEADER.size)
+    pos = offset + FRAME_HEADER.size + PAYLOAD_HEADER.size + lr + lt
+    return buf[pos : pos + lp].decode()
+
+
 def scan_segment(
     buf: bytes,
     expect_seq: int,
@@ -181,40 +246,10 @@ def scan_segment(
     is_last: bool,
     max_record_bytes: int = DEFAULT_MAX_RECORD_BYTES,
 ) -> Iterator[RecordInfo]:
-    """Yield every valid record of one segment, in order; then fill ``outcome``.
-
-    ``expect_seq`` is the seq the first record must carry. Classification of the first
-    invalid frame follows the module rules (torn tail vs corruption).
-    """
-    offset = 0
-    end = len(buf)
-    unpack_header = PAYLOAD_HEADER.unpack_from
-    header_size = FRAME_HEADER.size
-    payload_header = PAYLOAD_HEADER.size
-    while offset < end:
-        problem = _frame_ok(buf, offset, expect_seq, max_record_bytes)
-        if problem:
-            outcome.good_end = offset
-            outcome.next_seq = expect_seq
-            outcome.reason = f"{problem} at offset {offset}"
-            later = _valid_frame_after(buf, offset, expect_seq, max_record_bytes)
-            if is_last and later < 0:
-                outcome.end = ScanEnd.TORN_TAIL
-            else:
-                outcome.end = ScanEnd.CORRUPT
-            return
-        length = FRAME_HEADER.unpack_from(buf, offset)[0]
-        start = offset + header_size
-        seq, ts_ms, lr, lt, lp = unpack_header(buf, start)
-        pos = start + payload_header
-        run_id = buf[pos : pos + lr].decode()
-        pos += lr
-        etype = buf[pos : pos + lt].decode()
-        pos += lt
-        principal = buf[pos : pos + lp].decode()
-        yield RecordInfo(offset, seq, ts_ms, run_id, etype, principal)
-        expect_seq += 1
-        offset = start + length
-    outcome.end = ScanEnd.CLEAN
-    outcome.good_end = offset
-    outcome.next_seq = expect_seq
+    """Like :func:`scan_frames`, with every field decoded into a :class:`RecordInfo`."""
+    for offset, _length, seq, ts_ms, run_id, etype in scan_frames(
+        buf, expect_seq, outcome, is_last=is_last, max_record_bytes=max_record_bytes
+    ):
+        yield RecordInfo(
+            offset, seq, ts_ms, run_id.decode(), etype.decode(), principal_at(buf, offset)
+        )

@@ -229,6 +229,22 @@ class RunRegistry:
     NEEDS_DATA = frozenset({EventType.RUN_CREATED.value})
     """Event types whose ``data`` recovery must decode for :meth:`apply_record`."""
 
+    STATE_EVENTS = frozenset(str(t) for t in _STATE_EVENTS | {EventType.RUN_DELETED})
+    """Event types that change a run's state; recovery replays only these (and each
+    run's first event) through :meth:`apply_record`, then :meth:`finish_recovery`."""
+
+    def finish_recovery(self, activity: Iterable[tuple[str, int, int]]) -> None:
+        """Set each run's newest seq and activity time: ``(run_id, last_seq, last_ts)``."""
+        with self._lock:
+            for run_id, last_seq, last_ts in activity:
+                run = self._runs.get(run_id)
+                if run is None:
+                    continue
+                if last_seq > run.last_seq:
+                    run.last_seq = last_seq
+                if last_ts > run.last_activity_ms:
+                    run.last_activity_ms = last_ts
+
     def _apply_locked(
         self,
         run_id: str,

@@ -9,6 +9,9 @@ Rules:
   is the *same object* as in the previous snapshot (a test pins this).
 - At most ``tail_events`` events per run and ``warm_runs`` runs; the least recently
   appended run is evicted first. An evicted run is still readable, from the WAL.
+- After a restart the tails are rebuilt from the WAL by the writer thread while it is
+  otherwise idle (:meth:`SnapshotBuilder.seed`), newest runs first; until a run is
+  seeded its reads are served cold, with identical answers.
 """
 
 from __future__ import annotations
@@ -112,17 +115,30 @@ class SnapshotBuilder:
         self.current = Snapshot(last_seq, MappingProxyType(tails))
         return self.current
 
-    def seed(self, run_id: str, events: tuple[Event, ...], complete: bool) -> None:
-        """Install a run's tail during recovery (called oldest-appended run first)."""
-        self._tails[run_id] = RunTail(events[-self._tail_events :], complete)
-        self._recency[run_id] = None
-        self._recency.move_to_end(run_id)
-        while len(self._recency) > self._warm_runs:
-            coldest, _ = self._recency.popitem(last=False)
-            self._tails.pop(coldest, None)
+    def seed(self, items: list[tuple[str, tuple[Event, ...], bool]]) -> bool:
+        """Install tails read back from the WAL after a restart, then publish.
+
+        ``items`` come newest-run first. A seeded run goes to the *cold* end of the
+        recency order (runs appended since the restart stay warmer); a run that already
+        has a tail (appended since the restart) gets the fuller seeded tail in place.
+        Returns False once the warm set is full: seeding should stop.
+        """
+        tails = dict(self._tails)
+        room = True
+        for run_id, events, complete in items:
+            if run_id not in self._recency:
+                if len(self._recency) >= self._warm_runs:
+                    room = False
+                    break
+                self._recency[run_id] = None
+                self._recency.move_to_end(run_id, last=False)
+            tails[run_id] = RunTail(events[-self._tail_events :], complete)
+        self._tails = tails
+        self.current = Snapshot(self.current.last_seq, MappingProxyType(tails))
+        return room
 
     def seal(self, last_seq: int) -> Snapshot:
-        """Publish what :meth:`seed` installed (end of recovery)."""
+        """Publish the (empty) snapshot that recovery starts from."""
         self.current = Snapshot(last_seq, MappingProxyType(dict(self._tails)))
         return self.current
 

@@ -44,6 +44,10 @@ class SubmissionQueue[T]:
         self._not_full = threading.Condition(self._lock)
         self._space_waiters: list[tuple[asyncio.AbstractEventLoop, asyncio.Future[None]]] = []
         self._closed = False
+        # Who is asleep, so that the hot path skips Condition.notify (pure Python, ~1 us)
+        # when nobody waits. Both are read and written only under _lock.
+        self._consumer_waiting = False
+        self._blocked_producers = 0
 
     @property
     def capacity(self) -> int:
@@ -61,7 +65,8 @@ class SubmissionQueue[T]:
             if len(self._items) >= self._capacity:
                 raise QueueFullError(f"WAL queue full ({self._capacity} pending)")
             self._items.append(item)
-            self._not_empty.notify()
+            if self._consumer_waiting:
+                self._not_empty.notify()
 
     def put_blocking(self, item: T, timeout: float | None = None) -> None:
         """Queue ``item``, waiting for space up to ``timeout`` seconds (thread callers).
@@ -74,11 +79,16 @@ class SubmissionQueue[T]:
                 remaining = None if deadline is None else deadline - time.monotonic()
                 if remaining is not None and remaining <= 0:
                     raise QueueFullError(f"WAL queue full ({self._capacity} pending)")
-                self._not_full.wait(remaining)
+                self._blocked_producers += 1
+                try:
+                    self._not_full.wait(remaining)
+                finally:
+                    self._blocked_producers -= 1
             if self._closed:
                 raise TimelineClosedError("the timeline is closed")
             self._items.append(item)
-            self._not_empty.notify()
+            if self._consumer_waiting:
+                self._not_empty.notify()
 
     async def put(self, item: T) -> None:
         """Queue ``item``, awaiting space without blocking the loop.
@@ -92,7 +102,8 @@ class SubmissionQueue[T]:
                     raise TimelineClosedError("the timeline is closed")
                 if len(self._items) < self._capacity:
                     self._items.append(item)
-                    self._not_empty.notify()
+                    if self._consumer_waiting:
+                        self._not_empty.notify()
                     return
                 fut: asyncio.Future[None] = loop.create_future()
                 self._space_waiters.append((loop, fut))
@@ -104,11 +115,16 @@ class SubmissionQueue[T]:
         Returns an empty list only when closed and drained, or on timeout.
         """
         with self._lock:
-            if not self._items and not self._closed:
-                self._not_empty.wait(timeout)
+            if not self._items and not self._closed and timeout != 0:
+                self._consumer_waiting = True
+                try:
+                    self._not_empty.wait(timeout)
+                finally:
+                    self._consumer_waiting = False
             batch = list(self._items)
             self._items.clear()
-            self._not_full.notify_all()
+            if self._blocked_producers:
+                self._not_full.notify_all()
             waiters = self._space_waiters
             self._space_waiters = []
         self._wake_async(waiters)

@@ -11,9 +11,10 @@ run's warm tail covers the cursor, else from the WAL through the index; the two 
 identical results (property-tested). The warm path takes no lock.
 
 Lifecycle: :meth:`Timeline.open` (blocking: lock file, recovery, writer start, then
-``run_interrupted`` for each run that was live) and :meth:`Timeline.close` (drains and
-joins the writer, releases the lock). Both are idempotent in the sense that closing twice
-is harmless; a second process opening the same data dir fails with
+``run_interrupted`` for each run that was live; the warm tails are then rebuilt by the
+writer thread while it is idle, newest runs first, and :attr:`Timeline.warmed` is set)
+and :meth:`Timeline.close` (drains and joins the writer, releases the lock; closing twice
+is harmless). A second process opening the same data dir fails with
 :class:`DataDirLockedError`.
 """
 
@@ -35,7 +36,7 @@ from registry.errors import (
 )
 from registry.events import Event, EventType, NewEvent
 from registry.lockfile import DataDirLock
-from registry.record import DEFAULT_MAX_RECORD_BYTES, RecordInfo, decode_frame_at
+from registry.record import DEFAULT_MAX_RECORD_BYTES, decode_frame_at, principal_at
 from registry.runs import DEFAULT_DELETED_RETENTION, RunRegistry
 from registry.snapshot import (
     DEFAULT_TAIL_EVENTS,
@@ -106,6 +107,7 @@ class Timeline:
                 on_durable=self._on_durable,
                 on_failed=self._on_failed,
                 after_confirm=self._after_confirm,
+                on_idle=self._warm_step,
             ),
             faults=faults,
         )
@@ -124,6 +126,9 @@ class Timeline:
         self.recovery: RecoveryReport | None = None
         self.interrupted: list[str] = []
         self._closed = False
+        self._to_warm: list[str] = []
+        self.warmed = threading.Event()
+        """Set once the warm tails are rebuilt after recovery (reads are correct before)."""
 
     # ---------------------------------------------------------------- lifecycle
 
@@ -149,18 +154,24 @@ class Timeline:
         registry = self.runs
         needs_data = RunRegistry.NEEDS_DATA
 
-        def on_record(info: RecordInfo, buf: bytes) -> None:
-            data = None
-            if info.type in needs_data:
-                data = decode_frame_at(buf, info.offset).data
-            registry.apply_record(
-                info.run_id, info.type, info.ts_ms, info.principal, info.seq, data
-            )
+        def on_record(
+            run_id: str, etype: str, seq: int, ts_ms: int, buf: bytes, offset: int
+        ) -> None:
+            data = decode_frame_at(buf, offset).data if etype in needs_data else None
+            registry.apply_record(run_id, etype, ts_ms, principal_at(buf, offset), seq, data)
 
-        self.recovery = self.wal.recover(on_record)
+        self.recovery = self.wal.recover(on_record, RunRegistry.STATE_EVENTS)
+        index = self.wal.index
+        registry.finish_recovery(
+            (run.run_id, run.seqs[-1], run.last_ts) for run in index.runs() if run.seqs
+        )
         for run_id in registry.drain_evicted():
-            self.wal.index.forget(run_id)
-        self._seed_warm_tails()
+            index.forget(run_id)
+        newest_first = sorted(index.runs(), key=lambda r: r.seqs[-1] if r.seqs else 0, reverse=True)
+        self._to_warm = [r.run_id for r in newest_first[: self.config.warm_runs]]
+        if not self._to_warm:
+            self.warmed.set()
+        self._snapshots.seal(self.wal.next_seq - 1)
         self.wal.start()
         live = registry.active_run_ids()
         if live:
@@ -187,16 +198,31 @@ class Timeline:
             )
         self.interrupted = live
 
-    def _seed_warm_tails(self) -> None:
+    WARM_STEP_RUNS = 16
+
+    def _warm_step(self) -> bool:
+        """Writer thread, while idle: rebuild a few warm tails from the WAL."""
+        if not self._to_warm:
+            self.warmed.set()
+            return False
+        step, self._to_warm = (
+            self._to_warm[: self.WARM_STEP_RUNS],
+            self._to_warm[self.WARM_STEP_RUNS :],
+        )
         index = self.wal.index
-        runs = sorted(index.run_ids(), key=index.last_seq)
-        warm = runs[-self.config.warm_runs :]
-        for run_id in warm:
+        items = []
+        for run_id in step:
             total = index.count(run_id)
-            positions = index.positions_after(run_id, 0, total)[-self.config.tail_events :]
+            if total == 0:
+                continue
+            positions = index.last_positions(run_id, self.config.tail_events)
             events = tuple(self.wal.read_positions(positions))
-            self._snapshots.seed(run_id, events, complete=len(events) == total)
-        self._snapshots.seal(self.wal.next_seq - 1)
+            items.append((run_id, events, len(events) == total))
+        if not self._snapshots.seed(items) or not self._to_warm:
+            self._to_warm = []
+            self.warmed.set()
+            return False
+        return True
 
     def close(self) -> None:
         """Flush and stop the writer, release files and the lock (idempotent, blocking)."""

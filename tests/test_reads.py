@@ -115,8 +115,39 @@ def test_recovery_rebuilds_warm_tails_and_registry(
     r1 = second.read_run_events("r1", 0, 10)
     assert [e.type for e in r1] == ["run_created", "session_connected", "run_interrupted"]
     assert r1[:2] == before
+    assert second.warmed.wait(10), "the writer rebuilds warm tails while idle"
     assert second.read_warm("r1", 0, 10) == r1
     view1, view2 = second.runs.get("r1"), second.runs.get("r2")
     assert view1 is not None and view2 is not None
     assert (view1.principal, view1.stream, view1.state) == ("alice", "cam", "interrupted")
     assert view2.state == "ended"
+
+
+def test_warm_up_after_restart_merges_with_appends_made_meanwhile(
+    tmp_path: Path, timeline_factory: Callable[..., Timeline]
+) -> None:
+    data_dir = tmp_path / "d"
+    first = timeline_factory(data_dir, tail_events=8, warm_runs=4)
+    for run_no in range(6):
+        for _ in range(10):
+            first.append_blocking(NewEvent(f"run-{run_no}", "stats", "p"), 10)
+    first.close()
+    second = timeline_factory(data_dir, tail_events=8, warm_runs=4)
+    # Appended right after the restart, possibly before its tail was seeded.
+    second.append_blocking(NewEvent("run-5", "stats", "p", {"after": "restart"}), 10)
+    second.append_blocking(NewEvent("run-0", "stats", "p", {"after": "restart"}), 10)
+    assert second.warmed.wait(10)
+    tails = second.snapshot.tails
+    assert len(tails) == 4, "the warm-up never exceeds the bound"
+    assert {"run-0", "run-5"} <= set(tails), "runs appended after the restart stay warm"
+    for run_id, tail in tails.items():
+        after = tail.events[0].seq - 1
+        assert second.read_warm(run_id, after, 100) == second.read_cold(run_id, after, 100)
+    # run-5 was among the newest runs: seeded in place, its new event included.
+    assert len(tails["run-5"].events) == 8
+    assert tails["run-5"].events[-1].data == {"after": "restart"}
+    # run-0 was too old to be seeded: its tail starts at the new event; older reads are
+    # served cold, with the same answer.
+    assert [e.data for e in tails["run-0"].events] == [{"after": "restart"}]
+    everything = second.read_run_events("run-0", 0, 100)
+    assert len(everything) == 11 and everything[-1].data == {"after": "restart"}

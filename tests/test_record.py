@@ -126,6 +126,9 @@ def test_oversized_events_are_refused_before_reaching_the_log() -> None:
         ("r" * 129, "stats", {}),
         ("ok", "Bad-Type", {}),
         ("ok", "", {}),
+        ("trailing-newline\n", "stats", {}),
+        ("ok", "stats\n", {}),
+        ("Upper-Case-Run", "Upper-Case-Run", {}),
     ],
 )
 def test_invalid_events_are_refused(run_id: str, etype: str, data: dict[str, object]) -> None:
