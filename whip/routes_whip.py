@@ -6,6 +6,7 @@
   ``Link`` headers.
 - ``DELETE /whip/sessions/{id}``: closes the session (reason ``deleted``); a repeat is
   200 from the reclaimed-session tombstone; an id never seen is 404.
+- ``PATCH /whip/sessions/{id}``: trickle ICE (204); an ICE restart gets 422.
 - ``GET``/``HEAD``/``PUT`` on the endpoint, and ``GET``/``HEAD``/``POST``/``PUT`` on the
   session URL, are 405: RFC 9725 reserves them.
 """
@@ -23,6 +24,8 @@ from whip.errors import HttpError
 from whip.sdp import check_content_type, check_offer
 from whip.session import CloseReason
 from whip.sessions import SessionManager
+from whip.trickle import CONTENT_TYPE as TRICKLE_CONTENT_TYPE
+from whip.trickle import MAX_FRAGMENT_BYTES, parse_fragment
 
 logger = logging.getLogger(__name__)
 
@@ -97,6 +100,32 @@ async def delete_session(request: web.Request) -> web.StreamResponse:
     raise HttpError("no such session", status=404, code="not_found")
 
 
+async def patch_session(request: web.Request) -> web.StreamResponse:
+    """Trickle ICE (204); an ICE restart is refused (422).
+
+    ``If-Match`` is checked when present (412 on a stale entity tag, ``*`` matches);
+    clients that omit it are served, since several encoders do not send it.
+    """
+    principal = _principal(request)
+    session_id = request.match_info["session_id"]
+    manager = request.app[SESSIONS_KEY]
+    session = manager.table.get(session_id) if _SESSION_ID.fullmatch(session_id) else None
+    if session is None or not (principal.is_operator or session.principal == principal.name):
+        raise HttpError("no such session", status=404, code="not_found")
+    content_type = request.headers.get("Content-Type", "").split(";")[0].strip().lower()
+    if content_type != TRICKLE_CONTENT_TYPE:
+        raise HttpError(
+            f"PATCH takes {TRICKLE_CONTENT_TYPE}", status=415, code="unsupported_media_type"
+        )
+    if_match = request.headers.get("If-Match")
+    if if_match is not None and if_match.strip() not in ("*", session.etag):
+        raise HttpError("stale entity tag", status=412, code="precondition_failed")
+    body = await request.content.read(MAX_FRAGMENT_BYTES + 1)
+    fragment = parse_fragment(body)
+    await manager.trickle(session, fragment)
+    return _cors(request, web.Response(status=204, headers={"ETag": session.etag}))
+
+
 async def options_whip(request: web.Request) -> web.StreamResponse:
     """CORS preflight and ``Accept-Post``."""
     response = web.Response(status=204)
@@ -132,6 +161,7 @@ def add_routes(app: web.Application) -> None:
         app.router.add_put(path, endpoint_reserved)
     session = "/whip/sessions/{session_id}"
     app.router.add_delete(session, delete_session)
+    app.router.add_patch(session, patch_session)
     app.router.add_route("OPTIONS", session, options_whip)
     app.router.add_get(session, session_reserved, allow_head=True)
     app.router.add_post(session, session_reserved)

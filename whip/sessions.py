@@ -33,6 +33,7 @@ from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from aiortc import RTCConfiguration, RTCIceServer, RTCPeerConnection, RTCSessionDescription
+from aiortc.sdp import candidate_from_sdp
 
 from registry.events import EventType, NewEvent
 from registry.timeline import Timeline
@@ -48,6 +49,7 @@ from whip.rtc_hooks import (
 from whip.sdp import OfferSummary, finalize_answer
 from whip.session import CloseReason, WhipSession
 from whip.session_table import SessionIdCollisionError, SessionTable
+from whip.trickle import FragmentError, TrickleFragment, check_not_restart, remote_ufrag
 
 logger = logging.getLogger(__name__)
 
@@ -345,6 +347,31 @@ class SessionManager:
             "session %s run %s: closed (%s)", session.session_id, session.run_id, reason.value
         )
         return True
+
+    async def trickle(self, session: WhipSession, fragment: TrickleFragment) -> None:
+        """Apply trickled candidates (an ICE restart is refused with 422).
+
+        Every line is parsed before any is applied; candidates go to the bundle
+        transport (the first transceiver), which is where aiortc gathers for BUNDLE.
+        """
+        pc = session.pc
+        check_not_restart(fragment, remote_ufrag(pc.remoteDescription.sdp))
+        transceivers = pc.getTransceivers()
+        if not transceivers:
+            raise HttpError("session has no media", status=409, code="no_media")
+        mid = transceivers[0].mid
+        parsed = []
+        for line in fragment.candidates:
+            try:
+                candidate = candidate_from_sdp(line.removeprefix("candidate:"))
+            except (ValueError, IndexError) as exc:
+                raise FragmentError(f"malformed candidate: {exc}") from exc
+            candidate.sdpMid = mid
+            parsed.append(candidate)
+        for candidate in parsed:
+            await pc.addIceCandidate(candidate)
+        if fragment.end_of_candidates:
+            await pc.addIceCandidate(None)
 
     def find_by_run(self, run_id: str) -> WhipSession | None:
         """The live session of ``run_id``, if any."""
