@@ -166,7 +166,7 @@ class SessionManager:
             )
         except BaseException:
             if pc is not None:
-                await pc.close()
+                await self._close_peer_quietly(pc, "admission failed")
             permit.release()
             slot.release()
             raise
@@ -174,9 +174,9 @@ class SessionManager:
         try:
             self.table.insert(session_id, session)
         except (HttpError, SessionIdCollisionError) as exc:
-            await pc.close()
-            permit.release()
             self.detach(self._tombstone_run(run_id, principal), f"tombstone-{run_id}")
+            await self._close_peer_quietly(pc, f"run {run_id}: insert refused")
+            permit.release()
             if isinstance(exc, HttpError):
                 raise
             raise HttpError(
@@ -193,6 +193,14 @@ class SessionManager:
             "session %s run %s: admitted for %s stream %r", session_id, run_id, principal, stream
         )
         return Admitted(session, answer)
+
+    @staticmethod
+    async def _close_peer_quietly(pc: RTCPeerConnection, what: str) -> None:
+        """Close ``pc``; an error is logged, never raised over the transaction's own."""
+        try:
+            await pc.close()
+        except Exception:
+            logger.exception("%s: peer close failed", what)
 
     async def _negotiate(
         self, offer_sdp: str, summary: OfferSummary
@@ -214,7 +222,7 @@ class SessionManager:
             await pc.setLocalDescription(answer)
             sdp = finalize_answer(pc.localDescription.sdp, summary, self.config.server.public_hosts)
         except BaseException:
-            await pc.close()
+            await self._close_peer_quietly(pc, "negotiation failed")
             raise
         return pc, liveness, sdp
 
@@ -337,10 +345,7 @@ class SessionManager:
         current = asyncio.current_task()
         if session.reclaimer is not None and session.reclaimer is not current:
             session.reclaimer.cancel()
-        try:
-            await session.pc.close()
-        except Exception:
-            logger.exception("session %s: peer close failed", session.session_id)
+        await self._close_peer_quietly(session.pc, f"session {session.session_id}")
         session.permit.release()
         await self._append_quietly(session, EventType.SESSION_CLOSED, {"reason": reason.value})
         logger.info(
