@@ -26,7 +26,8 @@ test: $(STAMP)
 bench: $(STAMP)
 	$(BIN)/python bench/wal.py > bench-wal.json
 	$(BIN)/python bench/crash.py > bench-crash.json
-	@echo "figures in bench-wal.json and bench-crash.json"
+	$(BIN)/python bench/whip.py > bench-whip.json
+	@echo "figures in bench-wal.json, bench-crash.json and bench-whip.json"
 
 lint: $(STAMP)
 	$(BIN)/ruff check .
