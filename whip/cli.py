@@ -13,7 +13,7 @@ from aiohttp import web
 from whip.aiortc_compat import IncompatibleAiortcError, check_internals
 from whip.app import create_app
 from whip.config import Config, ConfigError, is_loopback, load_config
-from whip.rtc_hooks import restrict_host_addresses
+from whip.rtc_hooks import local_addresses, restrict_host_addresses
 
 logger = logging.getLogger(__name__)
 
@@ -39,12 +39,20 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def configure_ice(config: Config) -> None:
-    """Advertise the configured public hosts, or loopback when bound to loopback only."""
-    hosts = list(config.server.public_hosts)
-    if not hosts and is_loopback(config.server.host):
-        hosts = ["::1"] if ":" in config.server.host else ["127.0.0.1"]
-    if hosts:
-        restrict_host_addresses(hosts)
+    """Choose the addresses ICE gathers host candidates on (process-wide).
+
+    Public hosts that belong to this machine (127.0.0.1 on a loopback-only machine, an
+    interface address) are gathered on directly; the others (a NAT's 1:1 public IP) are
+    added to each answer next to the gathered candidates, with the same port
+    (:func:`whip.sdp.finalize_answer`). Bound to loopback with no public host, the server
+    gathers on loopback only (aioice skips loopback by default).
+    """
+    local = local_addresses()
+    bindable = [h for h in config.server.public_hosts if h in local]
+    if bindable:
+        restrict_host_addresses(bindable)
+    elif not config.server.public_hosts and is_loopback(config.server.host):
+        restrict_host_addresses(["::1"] if ":" in config.server.host else ["127.0.0.1"])
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -45,6 +45,14 @@ _RSA_SUITES = (
 DTLS_KICK_DELAYS_MS = (20, 60, 150, 300, 600)
 
 
+_all_host_addresses = aioice.ice.get_host_addresses
+
+
+def local_addresses() -> set[str]:
+    """Every address of this machine's interfaces, loopback included."""
+    return {*_all_host_addresses(use_ipv4=True, use_ipv6=True), "127.0.0.1", "::1"}
+
+
 def restrict_host_addresses(addresses: Iterable[str]) -> None:
     """Make aioice gather host candidates on exactly ``addresses`` (process-wide).
 

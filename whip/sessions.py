@@ -32,7 +32,7 @@ from collections.abc import Awaitable
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
-from aiortc import RTCConfiguration, RTCIceServer, RTCPeerConnection, RTCSessionDescription
+from aiortc import RTCConfiguration, RTCPeerConnection, RTCSessionDescription
 from aiortc.sdp import candidate_from_sdp
 
 from registry.events import EventType, NewEvent
@@ -220,11 +220,10 @@ class SessionManager:
     async def _negotiate(
         self, offer_sdp: str, summary: OfferSummary
     ) -> tuple[RTCPeerConnection, Liveness, str]:
-        servers = [
-            RTCIceServer(urls=s.url, username=s.username, credential=s.credential)
-            for s in self.config.server.ice_servers
-        ]
-        pc = RTCPeerConnection(RTCConfiguration(iceServers=servers))
+        # Configured STUN/TURN servers are for publishers (the Link headers); the server
+        # itself gathers host candidates only (public_hosts covers a NAT), so an
+        # unreachable STUN/TURN server can never stall an answer (aioice waits 5 s).
+        pc = RTCPeerConnection(RTCConfiguration(iceServers=[]))
         try:
             use_wide_certificate(pc)
             await pc.setRemoteDescription(RTCSessionDescription(sdp=offer_sdp, type="offer"))

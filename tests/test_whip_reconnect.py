@@ -1,0 +1,111 @@
+"""Reconnects (supersede / reject), ICE server links and advertised public hosts."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Callable
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import pytest
+from aiohttp.test_utils import TestServer
+
+from tests.test_whip import make_config
+from tests.whip_peers import AiortcPublisher
+from whip.app import TIMELINE_KEY, create_app
+from whip.cli import configure_ice
+from whip.routes_whip import SESSIONS_KEY
+from whip.sessions import SessionManager
+
+
+@pytest.fixture
+async def start(tmp_path: Path) -> AsyncIterator[Callable[..., Any]]:
+    servers: list[TestServer] = []
+
+    async def factory(**overrides: Any) -> TestServer:
+        config = make_config(tmp_path / f"s{len(servers)}", **overrides)
+        configure_ice(config)
+        server = TestServer(create_app(config), host="127.0.0.1")
+        await server.start_server()
+        servers.append(server)
+        return server
+
+    yield factory
+    for server in servers:
+        await server.close()
+
+
+async def test_a_reconnect_to_the_same_stream_supersedes_the_ghost(
+    start: Callable[..., Any],
+) -> None:
+    server = await start()
+    manager: SessionManager = server.app[SESSIONS_KEY]
+    timeline = server.app[TIMELINE_KEY]
+    ghost, fresh, other = AiortcPublisher(), AiortcPublisher(), AiortcPublisher()
+    async with aiohttp.ClientSession() as http:
+        first = await ghost.publish(http, str(server.make_url("/whip/cam")))
+        assert first.status == 201
+        await asyncio.wait_for(ghost.connected.wait(), 20)
+        elsewhere = await other.publish(http, str(server.make_url("/whip/other")))
+        assert elsewhere.status == 201
+        second = await fresh.publish(http, str(server.make_url("/whip/cam")))
+        assert second.status == 201
+        # The ghost's session is gone with reason superseded; its run ended; the other
+        # stream is untouched; its URL now answers DELETE from the tombstone.
+        ghost_events = await timeline.read_events(ghost.run_id, 0, 100)
+        assert [e.data for e in ghost_events if e.type == "session_closed"] == [
+            {"reason": "superseded"}
+        ]
+        view = timeline.runs.get(ghost.run_id)
+        assert view is not None and view.state == "ended"
+        assert {s.stream for s in manager.table.live()} == {"cam", "other"}
+        stale = await http.delete(server.make_url(ghost.location))
+        assert stale.status == 200
+    for publisher in (ghost, fresh, other):
+        await publisher.close()
+
+
+async def test_reject_policy_answers_409_and_keeps_the_live_session(
+    start: Callable[..., Any],
+) -> None:
+    server = await start(server__reconnect="reject")
+    manager: SessionManager = server.app[SESSIONS_KEY]
+    live, late = AiortcPublisher(), AiortcPublisher()
+    async with aiohttp.ClientSession() as http:
+        assert (await live.publish(http, str(server.make_url("/whip/cam")))).status == 201
+        refused = await late.publish(http, str(server.make_url("/whip/cam")))
+        assert refused.status == 409
+        assert (await refused.json())["error"]["code"] == "stream_busy"
+        assert len(manager.table) == 1
+        assert manager.slots.reserved() == 0 and manager.budget.figures().bytes_reserved > 0
+    await live.close()
+    await late.close()
+
+
+async def test_ice_server_links_and_a_nat_public_host_in_the_answer(
+    start: Callable[..., Any],
+) -> None:
+    # Loopback literals: the server may really try these servers while gathering.
+    server = await start(
+        server__ice_servers=[
+            "stun:127.0.0.1:3478",
+            {"url": "turn:127.0.0.1:3479", "username": "u", "credential": "c"},
+        ],
+        server__public_hosts=["203.0.113.7"],
+    )
+    publisher = AiortcPublisher()
+    async with aiohttp.ClientSession() as http:
+        offer = await publisher.offer()
+        response = await http.post(
+            server.make_url("/whip"), data=offer, headers={"Content-Type": "application/sdp"}
+        )
+        assert response.status == 201
+        links = response.headers.getall("Link")
+        assert '<stun:127.0.0.1:3478>; rel="ice-server"' in links
+        assert any(link.startswith("<turn:127.0.0.1:3479>") for link in links)
+        answer = await response.text()
+        assert " 203.0.113.7 " in answer, "the NAT address is advertised as a host candidate"
+        assert " 127.0.0.1 " in answer
+        await http.delete(server.make_url(response.headers["Location"]))
+    await publisher.close()
