@@ -711,6 +711,14 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         "--skip-connect", action="store_true", help="skip section 2 (POST->connected)"
     )
     parser.add_argument("--keep-data", action="store_true", help="keep the temp dir and log")
+    parser.add_argument(
+        "--long-push",
+        type=float,
+        default=0.0,
+        metavar="SECONDS",
+        help="instead of the other sections: one FFmpeg WHIP push this long (e.g. 600), "
+        "checking it is never cut, with server RSS sampled every 10 s",
+    )
     args = parser.parse_args(argv)
     quick = args.quick
     args.levels = [int(x) for x in (args.levels or "1,10,50").split(",") if x.strip()]
@@ -725,7 +733,53 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     return args
 
 
+async def long_push(args: argparse.Namespace, base: Path) -> dict[str, Any]:
+    """One FFmpeg push of ``args.long_push`` seconds: it must stay connected to the end."""
+    loopback_only()
+    data_dir = base / "data"
+    server = Server(data_dir=data_dir, log_path=base / "server.log", max_sessions=10)
+    samples: list[dict[str, Any]] = []
+    result: dict[str, Any] = {}
+    try:
+        server.spawn()
+        await server.wait_ready()
+        started = time.monotonic()
+        push = asyncio.create_task(
+            asyncio.to_thread(ffmpeg_connect_once, f"{server.base}/whip/long", args.long_push)
+        )
+        while not push.done():
+            sample = {"t_s": round(time.monotonic() - started, 1), **proc_status(server.pid)}
+            samples.append(sample)
+            log(f"long push: {sample}")
+            await asyncio.wait({push}, timeout=10)
+        result = push.result()
+    finally:
+        server.shutdown()
+    runs = await asyncio.to_thread(read_timeline, data_dir)
+    (run,) = runs.values() if len(runs) == 1 else ({},)
+    lived_s = None
+    if run.get("closed_ts_ms") and run.get("created_ts_ms"):
+        lived_s = round((run["closed_ts_ms"] - run["created_ts_ms"]) / 1000, 1)
+    return {
+        "long_push": {
+            "requested_s": args.long_push,
+            "publisher": {k: v for k, v in result.items() if k != "ffmpeg_log"},
+            "server_connected_ms": run.get("connected_ms"),
+            "close_reason": run.get("closed_reason"),
+            "session_lived_s": lived_s,
+            "never_cut": run.get("closed_reason") == "deleted"
+            and lived_s is not None
+            and lived_s >= args.long_push - 2,
+            "server_samples": samples,
+            "server_stop": server.stop,
+            "server_log_problems": server.log_problems(),
+        }
+    }
+
+
 async def run(args: argparse.Namespace, base: Path) -> dict[str, Any]:
+    if args.long_push > 0:
+        return await long_push(args, base)
     loopback_only()
     data_dir = base / "data"
     server = Server(

@@ -109,3 +109,36 @@ async def test_ice_server_links_and_a_nat_public_host_in_the_answer(
         assert " 127.0.0.1 " in answer
         await http.delete(server.make_url(response.headers["Location"]))
     await publisher.close()
+
+
+async def test_a_client_that_hangs_up_mid_post_leaves_no_half_built_session(
+    start: Callable[..., Any],
+) -> None:
+    server = await start(limits__connect_timeout_s=2)
+    manager: SessionManager = server.app[SESSIONS_KEY]
+    timeline = server.app[TIMELINE_KEY]
+    offerer = AiortcPublisher()
+    offer = (await offerer.offer()).encode()
+    await offerer.close()
+    _reader, writer = await asyncio.open_connection("127.0.0.1", server.port)
+    writer.write(
+        b"POST /whip/hangup HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/sdp\r\n"
+        + f"Content-Length: {len(offer)}\r\n\r\n".encode()
+        + offer
+    )
+    await writer.drain()
+    writer.close()  # gone before any answer
+    await writer.wait_closed()
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + 10
+    while not manager.table.live():  # bounded: the admission lands or the test fails
+        assert loop.time() < deadline, "the detached admission never completed"
+        await asyncio.sleep(0.01)
+    # Fully built: a live session owned by its reclaimer, its run_created durable.
+    (session,) = manager.table.live()
+    (run,) = timeline.runs.list_runs()
+    assert session.run_id == run.run_id and session.reclaimer is not None
+    events = await timeline.wait_for_events(run.run_id, 1, wait_s=10)
+    assert [(e.type, e.data) for e in events] == [("session_closed", {"reason": "peer_gone"})]
+    assert len(manager.table) == 0 and manager.slots.reserved() == 0
+    assert manager.budget.figures().bytes_reserved == 0

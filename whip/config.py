@@ -173,6 +173,7 @@ class LimitsConfig:
     stream_ttl_s: float = 60.0
     sdp_max_bytes: int = DEFAULT_SDP_MAX_BYTES
     reclaim_after_s: float = 30.0
+    connect_timeout_s: float = 20.0
     tombstone_ttl_s: float = 600.0
     tombstone_capacity: int = 1024
 
@@ -183,6 +184,11 @@ class LimitsConfig:
         "media_budget_threads": _Rule("decode threads all sessions may reserve", 1, 4096),
         "stream_ttl_s": _Rule("a live run silent this long reads as expired (0: never)", 0, 1e6),
         "sdp_max_bytes": _Rule("largest SDP offer accepted (413 above)", KiB, MiB),
+        "connect_timeout_s": _Rule(
+            "a session whose peer has not connected this long after the 201 is reclaimed",
+            1,
+            600,
+        ),
         "reclaim_after_s": _Rule(
             "a peer that sends no media and answers no consent check this long is reclaimed",
             1,

@@ -55,7 +55,6 @@ logger = logging.getLogger(__name__)
 
 T = TypeVar("T")
 
-CONNECT_DEADLINE_S = 20.0
 ACTIVITY_TOUCH_S = 5.0
 """While connected, the reclaimer records the run's activity this often (media flowing)."""
 TOMBSTONE_RETRIES = 3
@@ -285,7 +284,8 @@ class SessionManager:
             changed.set()
 
         pc.on("connectionstatechange", on_change)
-        deadline = time.monotonic() + CONNECT_DEADLINE_S
+        connect_timeout = self.config.limits.connect_timeout_s
+        deadline = time.monotonic() + connect_timeout
         try:
             while True:
                 changed.clear()
@@ -305,7 +305,7 @@ class SessionManager:
                         "session %s run %s: no connection within %.0fs",
                         session.session_id,
                         session.run_id,
-                        CONNECT_DEADLINE_S,
+                        connect_timeout,
                     )
                     return
                 try:
