@@ -10,6 +10,8 @@ from pathlib import Path
 
 from aiohttp import web
 
+from pipeline.errors import IncompatibleAiortcError as IncompatibleTapError
+from pipeline.intake import check_tap_internals
 from whip.aiortc_compat import IncompatibleAiortcError, check_internals
 from whip.app import create_app
 from whip.config import Config, ConfigError, is_loopback, load_config
@@ -79,7 +81,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         config = load_config(config_path, os.environ, overrides)
         check_internals()
-    except (ConfigError, IncompatibleAiortcError) as exc:
+        check_tap_internals()
+    except (ConfigError, IncompatibleAiortcError, IncompatibleTapError) as exc:
         logger.error("cannot start: %s", exc)
         return 2
     if not config.principals:

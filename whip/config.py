@@ -208,6 +208,7 @@ class PipelineConfig:
     scene_threshold: float = 0.4
     decode: DecodeMode = "all"
     codec_threads: int = 1
+    join_deadline_s: float = 2.0
     stats_interval_s: float = 5.0
     analyze_audio: bool = True
     processors: tuple[str, ...] = ()
@@ -220,6 +221,12 @@ class PipelineConfig:
         "scene_threshold": _Rule("scene-change score threshold", 0, 1),
         "decode": _Rule("decode every frame, or keyframes only"),
         "codec_threads": _Rule("FFmpeg threads per decoder (0: FFmpeg decides)", 0, 64),
+        "join_deadline_s": _Rule(
+            "how long a closing session waits for its decode threads before it reports a "
+            "forced shutdown and keeps their media permit",
+            0.1,
+            60,
+        ),
         "stats_interval_s": _Rule("seconds between stats events", 0.1, 3600),
         "analyze_audio": _Rule("decode audio tracks (audio_silence events)"),
         "processors": _Rule("extra frame processors, 'module:attribute'", check=_check_processors),

@@ -14,6 +14,8 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
 
+from pipeline.intake import FrameIntake
+from pipeline.runtime import SessionRuntime
 from whip.admission import MediaPermit
 from whip.rtc_hooks import Liveness
 
@@ -42,6 +44,8 @@ class WhipSession:
     etag: str
     posted_at: float
     liveness: Liveness | None = None
+    intakes: list[FrameIntake] = field(default_factory=list)
+    runtime: SessionRuntime | None = None
     connected: bool = False
     reclaimer: asyncio.Task[None] | None = None
     closing: bool = False

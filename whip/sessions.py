@@ -28,13 +28,15 @@ import asyncio
 import logging
 import secrets
 import time
-from collections.abc import Awaitable
-from dataclasses import dataclass
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 from aiortc import RTCConfiguration, RTCPeerConnection, RTCSessionDescription
 from aiortc.sdp import candidate_from_sdp
 
+from pipeline.intake import FrameIntake, install_tap, schedule_pli
+from pipeline.runtime import SessionRuntime
 from registry.events import EventType, NewEvent
 from registry.timeline import Timeline
 from whip.admission import MediaBudget, StreamSlots
@@ -58,6 +60,28 @@ T = TypeVar("T")
 ACTIVITY_TOUCH_S = 5.0
 """While connected, the reclaimer records the run's activity this often (media flowing)."""
 TOMBSTONE_RETRIES = 3
+
+
+def _discard(codec: object, frame: object) -> None:
+    """Sink of a tapped track nobody decodes."""
+
+
+@dataclass(slots=True)
+class MediaWiring:
+    """What negotiation set up for the pipeline before the session object exists."""
+
+    session_id: str
+    intakes: list[FrameIntake] = field(default_factory=list)
+    early_errors: list[BaseException] = field(default_factory=list)
+    session: WhipSession | None = None
+    on_fault: Callable[[WhipSession, str, BaseException], None] | None = None
+
+    def tap_failed(self, exc: BaseException) -> None:
+        """A tap reported that it did not take effect or that its sink failed."""
+        if self.session is None or self.on_fault is None:
+            self.early_errors.append(exc)
+        else:
+            self.on_fault(self.session, "intake", exc)
 
 
 class SessionSupersededConflictError(HttpError):
@@ -145,7 +169,8 @@ class SessionManager:
         try:
             session_id = new_id("s_")
             run_id = new_id("r_")
-            pc, liveness, answer = await self._negotiate(offer_sdp, summary)
+            wiring = MediaWiring(session_id, on_fault=self._report_fault)
+            pc, liveness, answer = await self._negotiate(offer_sdp, summary, wiring)
             session = WhipSession(
                 session_id=session_id,
                 run_id=run_id,
@@ -203,6 +228,7 @@ class SessionManager:
         session.reclaimer = asyncio.create_task(
             self._reclaimer(session), name=f"reclaim-{session_id}"
         )
+        self._start_runtime(session, wiring)
         logger.info(
             "session %s run %s: admitted for %s stream %r", session_id, run_id, principal, stream
         )
@@ -217,7 +243,7 @@ class SessionManager:
             logger.exception("%s: peer close failed", what)
 
     async def _negotiate(
-        self, offer_sdp: str, summary: OfferSummary
+        self, offer_sdp: str, summary: OfferSummary, wiring: MediaWiring
     ) -> tuple[RTCPeerConnection, Liveness, str]:
         # Configured STUN/TURN servers are for publishers (the Link headers); the server
         # itself gathers host candidates only (public_hosts covers a NAT), so an
@@ -228,6 +254,7 @@ class SessionManager:
             await pc.setRemoteDescription(RTCSessionDescription(sdp=offer_sdp, type="offer"))
             for transceiver in pc.getTransceivers():
                 transceiver.direction = "recvonly"
+                self._tap(transceiver, summary, wiring)
             install_dtls_kick(pc)
             # Before setLocalDescription: ICE starts consent checks as soon as it connects.
             liveness = install_media_liveness(pc, self.config.limits.reclaim_after_s)
@@ -238,6 +265,61 @@ class SessionManager:
             await self._close_peer_quietly(pc, "negotiation failed")
             raise
         return pc, liveness, sdp
+
+    def _tap(self, transceiver: Any, summary: OfferSummary, wiring: MediaWiring) -> None:
+        """Route one receiver's encoded frames into a bounded intake (never to aiortc's
+        own decoder thread, whose queue is unbounded). An undecoded track is tapped too,
+        into nothing: untapped, aiortc would decode it and grow memory without bound."""
+        pipeline = self.config.pipeline
+        receiver = transceiver.receiver
+        if transceiver.kind == "audio" and not pipeline.analyze_audio:
+            install_tap(receiver, _discard, on_error=wiring.tap_failed)
+            return
+        intake = FrameIntake(
+            transceiver.kind,
+            depth=pipeline.queue_depth,
+            payload_limit=pipeline.payload_limit_bytes,
+            on_need_keyframe=schedule_pli(receiver),
+            label=f"{wiring.session_id} {transceiver.kind}",
+        )
+        install_tap(receiver, intake.offer, on_end=intake.close, on_error=wiring.tap_failed)
+        wiring.intakes.append(intake)
+
+    def _start_runtime(self, session: WhipSession, wiring: MediaWiring) -> None:
+        """Start the decode workers (no await: called right after the reclaimer starts)."""
+        pipeline = self.config.pipeline
+        session.intakes = wiring.intakes
+        session.runtime = SessionRuntime(
+            session.session_id,
+            loop=asyncio.get_running_loop(),
+            on_fault=lambda stage, exc: self._report_fault(session, stage, exc),
+            codec_threads=pipeline.codec_threads,
+            keyframes_only=pipeline.decode == "keyframes",
+            max_workers=session.permit.threads,
+        )
+        wiring.session = session
+        try:
+            session.runtime.start(wiring.intakes)
+        except Exception as exc:
+            self._report_fault(session, "start", exc)
+            return
+        for early in wiring.early_errors:
+            self._report_fault(session, "intake", early)
+
+    def _report_fault(self, session: WhipSession, stage: str, exc: BaseException) -> None:
+        """Loop thread: a worker or tap failed; record it durably, then close (fault)."""
+        if session.closing:
+            return
+        logger.error(
+            "session %s run %s: %s worker fault: %r", session.session_id, session.run_id, stage, exc
+        )
+        self.detach(self._fault(session, stage, exc), f"fault-{session.session_id}")
+
+    async def _fault(self, session: WhipSession, stage: str, exc: BaseException) -> None:
+        await self._append_quietly(
+            session, EventType.WORKER_FAULT, {"stage": stage, "error": repr(exc)[:500]}
+        )
+        await self.close(session, CloseReason.FAULT)
 
     async def _tombstone_run(self, run_id: str, principal: str) -> None:
         """Write ``run_deleted`` for a run whose session never became visible."""
@@ -360,7 +442,25 @@ class SessionManager:
         if session.reclaimer is not None and session.reclaimer is not current:
             session.reclaimer.cancel()
         await self._close_peer_quietly(session.pc, f"session {session.session_id}")
-        session.permit.release()
+        missed: list[str] = []
+        if session.runtime is not None:
+            missed = await session.runtime.stop_async(self.config.pipeline.join_deadline_s)
+        if missed:
+            # Forced shutdown: the detached threads still hold their memory, so the permit
+            # is kept and the run is protected from retention eviction until exit.
+            session.permit.keep()
+            self.timeline.runs.pin(session.run_id)
+            await self._append_quietly(
+                session,
+                EventType.FORCED_SHUTDOWN,
+                {
+                    "threads": missed,
+                    "kept_bytes": session.permit.nbytes,
+                    "kept_threads": session.permit.threads,
+                },
+            )
+        else:
+            session.permit.release()
         await self._append_quietly(session, EventType.SESSION_CLOSED, {"reason": reason.value})
         logger.info(
             "session %s run %s: closed (%s)", session.session_id, session.run_id, reason.value

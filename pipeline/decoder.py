@@ -1,0 +1,238 @@
+"""The decode worker: one track's :class:`~pipeline.intake.FrameIntake` -> PyAV frames.
+
+:func:`decoder_worker` is a plain function run on its own named thread (by
+:class:`pipeline.runtime.SessionRuntime`, ``decode-<kind>-<session>``). It takes frames
+from the intake until end of stream, decodes them with ``av.CodecContext`` and hands each
+decoded frame to an optional ``on_frame(frame, meta)`` callback on the same thread (the
+analyzers come later). Bad media is counted, never raised: an ``av.FFmpegError``
+(``InvalidDataError`` and friends) is a decode error. Anything else, including an
+exception from ``on_frame``, propagates out of the worker: it is the worker's failure
+and the supervisor reports it as a fault.
+
+Video resynchronisation: the worker decodes nothing until the first keyframe, and after
+a decode error it skips to the next keyframe (counted as ``skipped``) and asks the intake
+to do the same (:meth:`~pipeline.intake.FrameIntake.request_keyframe`, which makes the
+loop side send a PLI). Decoding inter frames whose references are broken only produces
+damaged pictures that would mislead the analyzers. Consequence: an H.264 sender that
+never sends an IDR (pure intra refresh) is never decoded.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import av
+
+from pipeline.intake import EncodedFrame, FrameIntake, Kind
+
+logger = logging.getLogger(__name__)
+
+DECODERS = {
+    "H264": "h264",
+    "VP8": "vp8",
+    "OPUS": "opus",
+    "PCMU": "pcm_mulaw",
+    "PCMA": "pcm_alaw",
+    "G722": "g722",
+}
+"""aiortc codec name (upper-cased) -> FFmpeg decoder."""
+
+AUDIO_FORMATS = {"opus": (48000, "stereo"), "g722": (16000, "mono")}
+"""Decoders that must be told the stream's rate and layout (others default to 8 kHz mono)."""
+
+
+@dataclass(frozen=True, slots=True)
+class FrameMeta:
+    """What ``on_frame`` learns about a decoded frame besides the frame itself."""
+
+    kind: Kind
+    codec: str
+    index: int
+    """0 for the track's first decoded frame, then +1 per frame."""
+    timestamp: int
+    """RTP timestamp of the encoded frame whose decode produced it (see EncodedFrame)."""
+    keyframe: bool
+    """That encoded frame was a keyframe."""
+    arrival: float
+    """``time.monotonic()`` when that encoded frame reached the intake."""
+    decoded_at: float
+
+
+FrameCallback = Callable[[av.VideoFrame | av.AudioFrame, FrameMeta], None]
+
+
+class DecodeStats:
+    """One track's decode counters.
+
+    Written only by the worker thread; read from any thread. Every field is a plain int,
+    float, str or None rebound by one assignment, so each read is atomic under the GIL;
+    two fields read one after the other may come from different moments (fine for
+    stats; nothing decides on a pair of them).
+    """
+
+    __slots__ = (
+        "channels",
+        "codec",
+        "decode_errors",
+        "first_decoded_at",
+        "frames_decoded",
+        "frames_in",
+        "height",
+        "kind",
+        "last_decoded_at",
+        "last_error",
+        "pix_fmt",
+        "sample_rate",
+        "skipped",
+        "width",
+    )
+
+    def __init__(self, kind: Kind) -> None:
+        self.kind: Kind = kind
+        self.codec: str | None = None
+        self.frames_in = 0
+        """Encoded frames taken from the intake."""
+        self.frames_decoded = 0
+        self.decode_errors = 0
+        self.skipped = 0
+        """Encoded frames not decoded: empty, waiting for a keyframe, or keyframes-only."""
+        self.last_error: str | None = None
+        self.width: int | None = None
+        self.height: int | None = None
+        self.pix_fmt: str | None = None
+        self.sample_rate: int | None = None
+        self.channels: int | None = None
+        self.first_decoded_at: float | None = None
+        self.last_decoded_at: float | None = None
+
+    def as_dict(self) -> dict[str, object]:
+        """The counters as a dict (for events and ``GET /v1/sessions``)."""
+        return {name: getattr(self, name) for name in self.__slots__}
+
+
+Decoder = av.VideoCodecContext | av.AudioCodecContext
+
+
+def open_decoder(codec: str, codec_threads: int = 1) -> Decoder:
+    """A PyAV decoder for aiortc's codec name (``H264``, ``VP8``, ``opus``, ...).
+
+    ``codec_threads`` is FFmpeg's thread count (0: FFmpeg decides). More than one
+    enables frame threading too, which delays output by up to that many frames (the
+    worker flushes them at end of stream). Raises ``ValueError`` for an unknown codec.
+    """
+    name = DECODERS.get(codec.upper())
+    if name is None:
+        raise ValueError(f"no decoder for codec {codec!r}")
+    context = av.CodecContext.create(name, "r")
+    if not isinstance(context, av.VideoCodecContext | av.AudioCodecContext):
+        raise ValueError(f"{name} is neither a video nor an audio decoder")
+    if name in AUDIO_FORMATS:
+        rate, layout = AUDIO_FORMATS[name]
+        assert isinstance(context, av.AudioCodecContext)
+        context.sample_rate = rate
+        context.layout = layout
+    if codec_threads != 1:
+        context.thread_count = codec_threads
+        context.thread_type = "AUTO"
+    return context
+
+
+def decoder_worker(
+    intake: FrameIntake,
+    stats: DecodeStats,
+    *,
+    codec_threads: int = 1,
+    keyframes_only: bool = False,
+    on_frame: FrameCallback | None = None,
+) -> None:
+    """Decode ``intake`` until end of stream (module doc). Runs on its own thread.
+
+    Returns when :meth:`FrameIntake.get` reports end of stream (after flushing the
+    decoder). Stopping it: ``intake.close(drain=False)``; it notices at its next ``get``,
+    so a worker stuck inside ``on_frame`` is stopped only when the callback returns (the
+    supervisor's join deadline covers that). Raises whatever ``on_frame`` raises, and any
+    non-FFmpeg error (a bug).
+    """
+    decoder: Decoder | None = None
+    codec: str | None = None
+    video = intake.kind == "video"
+    resync = video
+    asked = False
+    while True:
+        frame = intake.get()
+        if frame is None:
+            break
+        stats.frames_in += 1
+        if frame.codec != codec:
+            decoder = open_decoder(frame.codec, codec_threads)
+            codec = frame.codec
+            stats.codec = codec
+            resync = video
+        if not frame.data or (video and (resync or keyframes_only) and not frame.keyframe):
+            stats.skipped += 1
+            if resync and not asked:
+                asked = True
+                intake.request_keyframe()
+            continue
+        resync = asked = False
+        assert decoder is not None
+        packet = av.Packet(frame.data)
+        packet.pts = frame.timestamp
+        try:
+            decoded = decoder.decode(packet)
+        except av.FFmpegError as exc:
+            stats.decode_errors += 1
+            stats.last_error = str(exc)
+            logger.debug("%s: decode error on %s frame: %s", intake.label, codec, exc)
+            if video:
+                resync = True
+                asked = True
+                intake.request_keyframe()
+            continue
+        for picture in decoded:
+            _deliver(picture, frame, stats, on_frame)
+    if decoder is not None:
+        try:
+            flushed = decoder.decode(None)
+        except av.FFmpegError as exc:
+            logger.debug("%s: flush failed: %s", intake.label, exc)
+            return
+        assert frame is None
+        for picture in flushed:
+            _deliver(picture, None, stats, on_frame)
+
+
+def _deliver(
+    picture: av.VideoFrame | av.AudioFrame,
+    source: EncodedFrame | None,
+    stats: DecodeStats,
+    on_frame: FrameCallback | None,
+) -> None:
+    now = time.monotonic()
+    if isinstance(picture, av.VideoFrame):
+        stats.width = picture.width
+        stats.height = picture.height
+        stats.pix_fmt = picture.format.name
+    else:
+        stats.sample_rate = picture.sample_rate
+        stats.channels = picture.layout.nb_channels
+    index = stats.frames_decoded
+    stats.frames_decoded = index + 1
+    if stats.first_decoded_at is None:
+        stats.first_decoded_at = now
+    stats.last_decoded_at = now
+    if on_frame is None:
+        return
+    meta = FrameMeta(
+        kind=stats.kind,
+        codec=stats.codec or "",
+        index=index,
+        timestamp=source.timestamp if source is not None else (picture.pts or 0),
+        keyframe=source.keyframe if source is not None else False,
+        arrival=source.arrival if source is not None else now,
+        decoded_at=now,
+    )
+    on_frame(picture, meta)

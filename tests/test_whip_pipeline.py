@@ -1,0 +1,66 @@
+"""Media of a real WHIP push goes through our bounded intake and decode threads."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest
+from aiohttp.test_utils import TestServer
+
+from tests.test_whip import make_config
+from tests.whip_peers import ffmpeg_whip_push
+from whip.app import TIMELINE_KEY, create_app
+from whip.cli import configure_ice
+from whip.routes_whip import SESSIONS_KEY
+from whip.sessions import SessionManager
+
+
+@pytest.fixture
+async def server(tmp_path: Path) -> AsyncIterator[TestServer]:
+    config = make_config(tmp_path)
+    configure_ice(config)
+    test_server = TestServer(create_app(config), host="127.0.0.1")
+    await test_server.start_server()
+    yield test_server
+    await test_server.close()
+
+
+async def test_ffmpeg_push_is_decoded_by_our_threads_not_aiortcs(server: TestServer) -> None:
+    manager: SessionManager = server.app[SESSIONS_KEY]
+    timeline = server.app[TIMELINE_KEY]
+    push = asyncio.create_task(
+        asyncio.to_thread(ffmpeg_whip_push, str(server.make_url("/whip/decoded")), 4.0)
+    )
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + 20
+    seen: dict[str, object] = {}
+    while not push.done() and loop.time() < deadline:  # bounded: sample while it streams
+        live = manager.table.live()
+        if live and live[0].runtime is not None:
+            video = live[0].runtime.stats().get("decode-video")
+            if video is not None and video.frames_decoded >= 30:
+                seen = {
+                    "size": (video.width, video.height),
+                    "errors": video.decode_errors,
+                    "threads": sorted(t.name for t in threading.enumerate()),
+                    "intake_depth_max": max(i.stats().max_depth for i in live[0].intakes),
+                }
+                break
+        await asyncio.sleep(0.05)
+    assert await push == 120
+    assert seen, "no decoded video while the push was live"
+    assert seen["size"] == (320, 180) and seen["errors"] == 0
+    depth_max = seen["intake_depth_max"]
+    assert isinstance(depth_max, int) and depth_max <= manager.config.pipeline.queue_depth
+    threads = seen["threads"]
+    assert isinstance(threads, list)
+    assert not any(name in ("video-decoder", "audio-decoder") for name in threads)
+    assert any(name.startswith("decode-video-") for name in threads)
+    (run,) = timeline.runs.list_runs()
+    closed = await timeline.wait_for_events(run.run_id, 2, wait_s=10)
+    assert [e.data for e in closed if e.type == "session_closed"] == [{"reason": "deleted"}]
+    assert manager.budget.figures().bytes_reserved == 0
+    assert not any(t.name.startswith("decode-") for t in threading.enumerate())
