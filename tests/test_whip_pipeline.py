@@ -60,6 +60,11 @@ async def test_ffmpeg_push_is_decoded_by_our_threads_not_aiortcs(server: TestSer
     assert not any(name in ("video-decoder", "audio-decoder") for name in threads)
     assert any(name.startswith("decode-video-") for name in threads)
     (run,) = timeline.runs.list_runs()
+    events = await timeline.read_events(run.run_id, 0, 100)
+    first = [e.data for e in events if e.type == "first_frame"]
+    assert len(first) == 1
+    assert (first[0]["codec"], first[0]["width"], first[0]["height"]) == ("H264", 320, 180)
+    assert 0 < first[0]["ms_since_post"] < 2000
     closed = await timeline.wait_for_events(run.run_id, 2, wait_s=10)
     assert [e.data for e in closed if e.type == "session_closed"] == [{"reason": "deleted"}]
     assert manager.budget.figures().bytes_reserved == 0

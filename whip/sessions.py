@@ -27,16 +27,20 @@ from __future__ import annotations
 import asyncio
 import logging
 import secrets
+import threading
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
+import av
 from aiortc import RTCConfiguration, RTCPeerConnection, RTCSessionDescription
 from aiortc.sdp import candidate_from_sdp
 
+from pipeline.decoder import FrameCallback, FrameMeta
 from pipeline.intake import FrameIntake, install_tap, schedule_pli
 from pipeline.runtime import SessionRuntime
+from registry.errors import RegistryError
 from registry.events import EventType, NewEvent
 from registry.timeline import Timeline
 from whip.admission import MediaBudget, StreamSlots
@@ -293,6 +297,7 @@ class SessionManager:
             session.session_id,
             loop=asyncio.get_running_loop(),
             on_fault=lambda stage, exc: self._report_fault(session, stage, exc),
+            on_frame=self._first_frame_reporter(session),
             codec_threads=pipeline.codec_threads,
             keyframes_only=pipeline.decode == "keyframes",
             max_workers=session.permit.threads,
@@ -305,6 +310,41 @@ class SessionManager:
             return
         for early in wiring.early_errors:
             self._report_fault(session, "intake", early)
+
+    def _first_frame_reporter(self, session: WhipSession) -> FrameCallback:
+        """Worker-thread callback: append ``first_frame`` once, at the first decoded
+        video frame (time from the POST). Non-blocking append: a full WAL queue drops
+        this one event (logged) rather than stall decoding."""
+        reported = threading.Event()
+
+        def on_frame(frame: av.VideoFrame | av.AudioFrame, meta: FrameMeta) -> None:
+            if meta.kind != "video" or reported.is_set():
+                return
+            reported.set()
+            runtime = session.runtime
+            stats = runtime.stats().get("decode-video") if runtime is not None else None
+            data: dict[str, object] = {
+                "codec": meta.codec,
+                "width": getattr(frame, "width", None),
+                "height": getattr(frame, "height", None),
+                "ms_since_post": int((meta.decoded_at - session.posted_at) * 1000),
+                "frames_decoded": stats.frames_decoded if stats is not None else 1,
+                "decode_errors": stats.decode_errors if stats is not None else 0,
+                "frames_dropped": sum(i.stats().dropped_frames for i in session.intakes),
+            }
+            try:
+                self.timeline.append_nowait(
+                    NewEvent(session.run_id, EventType.FIRST_FRAME, session.principal, data)
+                )
+            except RegistryError as exc:
+                logger.warning(
+                    "session %s run %s: first_frame not recorded: %s",
+                    session.session_id,
+                    session.run_id,
+                    exc,
+                )
+
+        return on_frame
 
     def _report_fault(self, session: WhipSession, stage: str, exc: BaseException) -> None:
         """Loop thread: a worker or tap failed; record it durably, then close (fault)."""
