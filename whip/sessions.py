@@ -40,6 +40,7 @@ from aiortc.sdp import candidate_from_sdp
 from pipeline.decoder import FrameCallback, FrameMeta
 from pipeline.intake import FrameIntake, install_tap, schedule_pli
 from pipeline.runtime import SessionRuntime
+from registry.deletion import DeleteResult
 from registry.errors import RegistryError
 from registry.events import EventType, NewEvent
 from registry.timeline import Timeline
@@ -531,6 +532,34 @@ class SessionManager:
             await pc.addIceCandidate(candidate)
         if fragment.end_of_candidates:
             await pc.addIceCandidate(None)
+
+    async def stop_run(self, run_id: str, principal: str) -> int:
+        """Operator stop: durable ``stop_requested``, then the live session (if any) is
+        closed with reason ``stopped``. One detached transaction: a client that hangs up
+        cannot leave the event written and the media still running. Returns the seq of
+        ``stop_requested``."""
+        return await self.run_detached(self._stop(run_id, principal), f"stop-{run_id}")
+
+    async def _stop(self, run_id: str, principal: str) -> int:
+        seq = await self.timeline.append(
+            NewEvent(run_id, EventType.STOP_REQUESTED, principal, {"by": principal})
+        )
+        session = self.find_by_run(run_id)
+        if session is not None:
+            await self.close(session, CloseReason.STOPPED)
+        return seq
+
+    async def delete_run(self, run_id: str, principal: str) -> DeleteResult:
+        """Run delete: single-winner ``run_deleted`` (idempotent), then the live session
+        (if any) is closed with reason ``stopped``; detached like :meth:`stop_run`."""
+        return await self.run_detached(self._delete(run_id, principal), f"delete-{run_id}")
+
+    async def _delete(self, run_id: str, principal: str) -> DeleteResult:
+        result = await self.timeline.delete_run(run_id, principal, {"by": principal})
+        session = self.find_by_run(run_id)
+        if session is not None:
+            await self.close(session, CloseReason.STOPPED)
+        return result
 
     def find_by_run(self, run_id: str) -> WhipSession | None:
         """The live session of ``run_id``, if any."""
