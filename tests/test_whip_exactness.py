@@ -679,14 +679,15 @@ class Contest:
 CONTESTS = [
     Contest(rotate, after_peer, lag)
     for after_peer, lag in ((False, 0), (False, 64), (True, 0), (True, 64))
-    for rotate in range(3)
+    for rotate in range(4)
 ]
 
 
 async def race_closers(
     harness: Harness, publisher: AiortcPublisher, location: str, contest: Contest
 ) -> tuple[Reply, bool]:
-    """DELETE of ``location`` vs the peer closing vs ``manager.close(SHUTDOWN)``.
+    """DELETE of ``location`` vs the peer closing vs ``manager.close(SHUTDOWN)`` vs an
+    operator stop of the run (``manager.stop_run``).
 
     Returns the DELETE answer and what ``manager.close`` returned. Bounded: 20 s.
     """
@@ -715,7 +716,13 @@ async def race_closers(
             await asyncio.sleep(0)  # a loop turn, not a delay: lets other closers go first
         return await harness.manager.close(session, CloseReason.SHUTDOWN)
 
-    closers = [by_delete, by_peer, by_shutdown]
+    async def by_stop() -> int:
+        await gate.wait()
+        for _ in range(contest.shutdown_lag // 2):
+            await asyncio.sleep(0)  # a loop turn, not a delay
+        return await harness.manager.stop_run(session.run_id, session.principal)
+
+    closers = [by_delete, by_peer, by_shutdown, by_stop]
     closers = closers[contest.rotate :] + closers[: contest.rotate]
     async with asyncio.timeout(20), asyncio.TaskGroup() as group:
         tasks = {c.__name__: group.create_task(c(), name=c.__name__) for c in closers}
@@ -723,10 +730,14 @@ async def race_closers(
     return tasks["by_delete"].result(), tasks["by_shutdown"].result()
 
 
-async def test_delete_vs_peer_close_vs_shutdown_has_one_winner(
+async def test_delete_vs_peer_close_vs_shutdown_vs_stop_has_one_winner(
     serve: Callable[..., Any], publishers: Callable[[], AiortcPublisher]
 ) -> None:
-    """24 fresh sessions, three closers each: one session_closed, one tombstone, 200s."""
+    """32 fresh sessions, four closers each: one session_closed, one tombstone, 200s.
+
+    The operator stop appends stop_requested durably before it tries to close, so here it
+    rarely wins; it contends all the same, and a lost close must leave no second
+    session_closed. (That it closes on its own is tested below.)"""
     rounds = 2 * len(CONTESTS)
     harness = await serve()
     manager, timeline = harness.manager, harness.timeline
@@ -751,7 +762,7 @@ async def test_delete_vs_peer_close_vs_shutdown_has_one_winner(
 
         closed = await wait_for_type(timeline, run_id, "session_closed")
         reason = closed.data["reason"]
-        assert reason in {"deleted", "peer_gone", "shutdown"}
+        assert reason in {"deleted", "peer_gone", "shutdown", "stopped"}
         assert shutdown_won == (reason == "shutdown")
         stone = manager.table.tombstone(session.session_id)
         assert stone is not None and (stone.run_id, stone.reason) == (run_id, reason)
@@ -778,3 +789,38 @@ async def test_delete_vs_peer_close_vs_shutdown_has_one_winner(
         view = timeline.runs.get(run_id)
         assert view is not None and view.state == "ended"
     print("close race winners by round:", dict(winners))
+
+
+async def test_operator_stop_and_run_delete_close_the_live_session(
+    serve: Callable[..., Any], publishers: Callable[[], AiortcPublisher]
+) -> None:
+    """stop_run: stop_requested then session_closed{stopped}; delete_run: run_deleted
+    once (repeats synthesized) then session_closed{stopped}; nothing held after."""
+    harness = await serve()
+    manager, timeline = harness.manager, harness.timeline
+    for action in ("stop", "delete"):
+        publisher = publishers()
+        reply = await harness.post(await publisher.offer(audio=False))
+        assert reply.status == 201
+        await publisher.answer(reply.body)
+        run_id = reply.headers["X-Run-Id"]
+        await asyncio.wait_for(publisher.connected.wait(), 20)
+        await wait_for_type(timeline, run_id, "session_connected")
+        if action == "stop":
+            seq = await manager.stop_run(run_id, "operator")
+            assert seq > 0
+        else:
+            results = await asyncio.gather(
+                *(manager.delete_run(run_id, "operator") for _ in range(8))
+            )
+            assert sum(not r.synthesized for r in results) == 1
+        closed = await wait_for_type(timeline, run_id, "session_closed")
+        assert closed.data == {"reason": "stopped"}
+        types = [e.type for e in by_run(await wal_events(timeline))[run_id]]
+        expected = "stop_requested" if action == "stop" else "run_deleted"
+        assert types.count(expected) == 1
+        assert types.index(expected) < types.index("session_closed")
+        view = timeline.runs.get(run_id)
+        assert view is not None
+        assert view.state == ("ended" if action == "stop" else "deleted")
+    harness.assert_nothing_held()
