@@ -53,6 +53,9 @@ SERVER_SIDE = {
     "active": ("passive", "server"),
 }
 
+MEDIA_EVENTS = frozenset({"first_frame", "stats", "scene_change", "audio_silence", "video_black"})
+"""Events the pipeline adds while media flows; lifecycle assertions skip them."""
+
 
 class PublisherCertificate(RTCCertificate):
     """A publisher certificate (any key type) whose DTLS context can also serve
@@ -220,7 +223,11 @@ async def test_publisher_certificate_and_dtls_role(
         finally:
             await publisher.close()
     events = await event_log(timeline, publisher.run_id)
-    assert [t for t, _ in events] == ["run_created", "session_connected", "session_closed"]
+    assert [t for t, _ in events if t not in MEDIA_EVENTS] == [
+        "run_created",
+        "session_connected",
+        "session_closed",
+    ]
     assert events[-1][1] == {"reason": "deleted"}
     assert len(manager.table) == 0
     assert manager.budget.figures().bytes_reserved == 0
@@ -270,7 +277,11 @@ async def test_stock_certificate_cannot_serve_rsa_publisher_as_dtls_client(
             await publisher.close()
     events = await event_log(timeline, publisher.run_id)
     if connects:
-        assert [t for t, _ in events] == ["run_created", "session_connected", "session_closed"]
+        assert [t for t, _ in events if t not in MEDIA_EVENTS] == [
+            "run_created",
+            "session_connected",
+            "session_closed",
+        ]
         assert events[-1][1] == {"reason": "deleted"}
     else:
         assert events[1:] == [("session_closed", {"reason": "peer_gone"})]

@@ -50,6 +50,9 @@ MID_STREAM_PACKETS = 100
 """Media packets the server must have taken before the publisher is killed (~1-2 s)."""
 SHUTDOWN_WAIT_S = 10.0
 
+MEDIA_EVENTS = frozenset({"first_frame", "stats", "scene_change", "audio_silence", "video_black"})
+"""Events the pipeline adds while media flows; lifecycle assertions skip them."""
+
 
 @pytest.fixture
 async def ingest(tmp_path: Path) -> AsyncIterator[Callable[..., Awaitable[TestServer]]]:
@@ -244,7 +247,11 @@ async def test_sigkilled_publisher_is_reclaimed_as_peer_gone(
     assert detected_s <= RECLAIM_AFTER_S + DETECTION_SLACK_S, detected_s
     assert closed.data == {"reason": "peer_gone"}
     events = await timeline.read_events(run_id, 0, 1000)
-    assert [e.type for e in events] == ["run_created", "session_connected", "session_closed"]
+    assert [e.type for e in events if e.type not in MEDIA_EVENTS] == [
+        "run_created",
+        "session_connected",
+        "session_closed",
+    ]
     assert session.liveness.expired
     assert session.state_history[-1] == "closed", session.state_history
     assert_nothing_held(manager)
@@ -379,7 +386,8 @@ async def test_sigterm_closes_sessions_durably_and_exits_zero(tmp_path: Path) ->
         assert timeline.interrupted == []
         events = timeline.read_run_events(publisher.run_id, 0, 1000)
         types = [e.type for e in events]
-        assert types == ["run_created", "session_connected", "session_closed"], types
+        lifecycle = [t for t in types if t not in MEDIA_EVENTS]
+        assert lifecycle == ["run_created", "session_connected", "session_closed"], types
         assert events[-1].data == {"reason": "shutdown"}
         everything = await asyncio.to_thread(peek_wal, data_dir)
         assert "run_interrupted" not in [e.type for e in everything]
