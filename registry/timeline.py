@@ -24,6 +24,7 @@ import asyncio
 import concurrent.futures
 import logging
 import threading
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
@@ -35,6 +36,7 @@ from registry.errors import (
     UnknownRunError,
 )
 from registry.events import Event, EventType, NewEvent
+from registry.histogram import BATCH_SIZES, LATENCY_S, Histogram
 from registry.lockfile import DataDirLock
 from registry.record import DEFAULT_MAX_RECORD_BYTES, decode_frame_at, principal_at
 from registry.runs import DEFAULT_DELETED_RETENTION, RunRegistry
@@ -127,6 +129,12 @@ class Timeline:
         self.interrupted: list[str] = []
         self._closed = False
         self._to_warm: list[str] = []
+        self.confirm_latency = Histogram(LATENCY_S)
+        """Seconds from ``append`` to its durable confirmation (async appends)."""
+        self.batch_sizes = Histogram(BATCH_SIZES)
+        """Events per group commit (one fsync each)."""
+        self.event_counts: dict[str, int] = {}
+        """Durable events by type since start (writer thread writes, anyone reads)."""
         self.warmed = threading.Event()
         """Set once the warm tails are rebuilt after recovery (reads are correct before)."""
 
@@ -243,6 +251,10 @@ class Timeline:
             self._to_forget.append(run_id)
 
     def _on_durable(self, events: list[Event]) -> None:
+        self.batch_sizes.observe(len(events))
+        counts = self.event_counts
+        for event in events:
+            counts[event.type] = counts.get(event.type, 0) + 1
         self.runs.apply_many(events)
         self.runs.drain_evicted()
         with self._forget_lock:
@@ -267,7 +279,10 @@ class Timeline:
         Cancellation: before the event is queued nothing is written; after, it is
         written anyway and only the answer is lost.
         """
-        return await self.wal.append(event)
+        started = time.monotonic()
+        seq = await self.wal.append(event)
+        self.confirm_latency.observe(time.monotonic() - started)
+        return seq
 
     def append_blocking(self, event: NewEvent, timeout: float | None = None) -> int:
         """Worker-thread flavor: waits for queue space and durability (never on a loop)."""

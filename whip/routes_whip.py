@@ -19,11 +19,12 @@ import time
 
 from aiohttp import web
 
+from registry.errors import RegistryError
 from whip.auth import Authenticator, Principal, Role
 from whip.errors import HttpError
 from whip.sdp import check_content_type, check_offer
 from whip.session import CloseReason
-from whip.sessions import SessionManager
+from whip.sessions import SessionManager, admission_outcome
 from whip.trickle import CONTENT_TYPE as TRICKLE_CONTENT_TYPE
 from whip.trickle import MAX_FRAGMENT_BYTES, parse_fragment
 
@@ -49,7 +50,22 @@ def _principal(request: web.Request) -> Principal:
 
 
 async def post_whip(request: web.Request) -> web.StreamResponse:
-    """Accept a push: checks first, then the session transaction."""
+    """Accept a push; every answer is counted by outcome (``whip_admissions_total``)."""
+    manager = request.app[SESSIONS_KEY]
+    try:
+        response = await _post_whip(request)
+    except HttpError as exc:
+        manager.admissions[admission_outcome(exc.status, exc.code)] += 1
+        raise
+    except RegistryError as exc:
+        manager.admissions[admission_outcome(exc.http_status, exc.code)] += 1
+        raise
+    manager.admissions["accepted"] += 1
+    return response
+
+
+async def _post_whip(request: web.Request) -> web.StreamResponse:
+    """Checks first (no resource taken), then the session transaction."""
     posted_at = time.monotonic()
     principal = _principal(request)
     stream = request.match_info.get("stream", "")
@@ -62,6 +78,7 @@ async def post_whip(request: web.Request) -> web.StreamResponse:
     summary = check_offer(body, max_bytes=limit)
     admitted = await manager.admit(principal.name, stream, body.decode("utf-8"), summary, posted_at)
     session = admitted.session
+    manager.post_latency.observe(time.monotonic() - posted_at)
     logger.info(
         "session %s run %s: 201 in %.1f ms",
         session.session_id,

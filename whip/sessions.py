@@ -43,6 +43,7 @@ from pipeline.runtime import SessionRuntime
 from registry.deletion import DeleteResult
 from registry.errors import RegistryError
 from registry.events import EventType, NewEvent
+from registry.histogram import LATENCY_S, Histogram
 from registry.timeline import Timeline
 from whip.admission import MediaBudget, StreamSlots
 from whip.config import Config
@@ -55,6 +56,7 @@ from whip.rtc_hooks import (
 )
 from whip.sdp import OfferSummary, finalize_answer
 from whip.session import CloseReason, WhipSession
+from whip.session_stats import session_stats
 from whip.session_table import SessionIdCollisionError, SessionTable
 from whip.trickle import FragmentError, TrickleFragment, check_not_restart, remote_ufrag
 
@@ -65,6 +67,34 @@ T = TypeVar("T")
 ACTIVITY_TOUCH_S = 5.0
 """While connected, the reclaimer records the run's activity this often (media flowing)."""
 TOMBSTONE_RETRIES = 3
+
+ADMISSION_OUTCOMES = (
+    "accepted",
+    "stream_limit",
+    "budget",
+    "session_cap",
+    "bad_request",
+    "unauthorized",
+    "error",
+)
+"""``whip_admissions_total{outcome}`` label values."""
+
+_OUTCOME_BY_CODE = {
+    "stream_limit": "stream_limit",
+    "stream_busy": "stream_limit",
+    "budget": "budget",
+    "session_cap": "session_cap",
+    "shutting_down": "session_cap",
+    "unauthorized": "unauthorized",
+    "forbidden": "unauthorized",
+}
+
+
+def admission_outcome(status: int, code: str) -> str:
+    """Map a refused POST to its ``admissions`` outcome label."""
+    if code in _OUTCOME_BY_CODE:
+        return _OUTCOME_BY_CODE[code]
+    return "bad_request" if 400 <= status < 500 else "error"
 
 
 def _discard(codec: object, frame: object) -> None:
@@ -125,6 +155,23 @@ class SessionManager:
         )
         self._background: set[asyncio.Task[Any]] = set()
         self._shutting_down = False
+        self.admissions: dict[str, int] = dict.fromkeys(ADMISSION_OUTCOMES, 0)
+        """WHIP POSTs by outcome (loop thread only)."""
+        self.totals: dict[str, int] = dict.fromkeys(
+            (
+                "frames_decoded",
+                "frames_dropped",
+                "decode_errors",
+                "inbound_bytes",
+                "rtp_packets_lost",
+                "worker_faults",
+                "forced_shutdowns",
+            ),
+            0,
+        )
+        """Counters of closed sessions (live ones are added at scrape time)."""
+        self.post_latency = Histogram(LATENCY_S)
+        self.first_frame_latency = Histogram(LATENCY_S)
 
     # ------------------------------------------------------------ detached work
 
@@ -322,6 +369,7 @@ class SessionManager:
             if meta.kind != "video" or reported.is_set():
                 return
             reported.set()
+            self.first_frame_latency.observe(meta.decoded_at - session.posted_at)
             runtime = session.runtime
             stats = runtime.stats().get("decode-video") if runtime is not None else None
             data: dict[str, object] = {
@@ -357,6 +405,7 @@ class SessionManager:
         self.detach(self._fault(session, stage, exc), f"fault-{session.session_id}")
 
     async def _fault(self, session: WhipSession, stage: str, exc: BaseException) -> None:
+        self.totals["worker_faults"] += 1
         await self._append_quietly(
             session, EventType.WORKER_FAULT, {"stage": stage, "error": repr(exc)[:500]}
         )
@@ -482,11 +531,20 @@ class SessionManager:
         current = asyncio.current_task()
         if session.reclaimer is not None and session.reclaimer is not current:
             session.reclaimer.cancel()
+        before = await session_stats(session)  # RTP statistics die with the peer
         await self._close_peer_quietly(session.pc, f"session {session.session_id}")
         missed: list[str] = []
         if session.runtime is not None:
             missed = await session.runtime.stop_async(self.config.pipeline.join_deadline_s)
+        after = await session_stats(session)
+        totals = self.totals
+        totals["frames_decoded"] += after.frames_decoded()
+        totals["decode_errors"] += after.decode_errors()
+        totals["frames_dropped"] += after.frames_dropped
+        totals["inbound_bytes"] += after.bytes_in
+        totals["rtp_packets_lost"] += before.packets_lost
         if missed:
+            totals["forced_shutdowns"] += 1
             # Forced shutdown: the detached threads still hold their memory, so the permit
             # is kept and the run is protected from retention eviction until exit.
             session.permit.keep()

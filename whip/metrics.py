@@ -1,0 +1,203 @@
+"""``GET /metrics``: Prometheus text exposition, computed at scrape time.
+
+Nothing is incremented on hot paths for this module: gauges are read from the live
+objects (session table, budget, WAL queue, snapshot), counters from the totals the
+owners already keep (:class:`~whip.sessions.SessionManager` ``totals``/``admissions``,
+the WAL's :class:`~registry.wal.WalStats`, the timeline's ``event_counts``), histograms
+from :class:`registry.histogram.Histogram`. Each app has its own ``CollectorRegistry``
+(tests run several apps in one process). Per-session series exist only for live
+sessions, so they disappear when the session closes (bounded cardinality).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+from aiohttp import web
+from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.core import (
+    CounterMetricFamily,
+    GaugeMetricFamily,
+    HistogramMetricFamily,
+    Metric,
+)
+from prometheus_client.registry import Collector
+
+from registry.histogram import Histogram
+from registry.timeline import Timeline
+from whip.session_stats import SessionStats, session_stats
+from whip.sessions import ADMISSION_OUTCOMES, SessionManager
+
+PREFIX = "whip_"
+
+
+def _histogram(name: str, doc: str, histogram: Histogram) -> HistogramMetricFamily:
+    reading = histogram.read()
+    buckets = [
+        (repr(b) if b != int(b) else f"{b:g}", c)
+        for b, c in zip(reading.bounds, reading.cumulative, strict=False)
+    ]
+    buckets.append(("+Inf", reading.count))
+    return HistogramMetricFamily(PREFIX + name, doc, buckets=buckets, sum_value=reading.total)
+
+
+class ServerCollector(Collector):
+    """Reads the server's state at scrape time; ``live`` is refreshed by the handler."""
+
+    def __init__(self, manager: SessionManager, timeline: Timeline) -> None:
+        self.manager = manager
+        self.timeline = timeline
+        self.live: list[SessionStats] = []
+
+    def collect(self) -> Iterator[Metric]:
+        yield from self._gauges()
+        yield from self._counters()
+        yield from self._histograms()
+        yield from self._per_session()
+
+    def _gauges(self) -> Iterator[Metric]:
+        manager, timeline = self.manager, self.timeline
+        budget = manager.budget.figures()
+        for name, doc, value in (
+            ("sessions_live", "live WHIP sessions", len(manager.table)),
+            ("sessions_max", "session cap", manager.table.max_sessions),
+            (
+                "stream_slots_in_use",
+                "active runs plus reservations in flight",
+                len(timeline.runs.active_run_ids()) + manager.slots.reserved(),
+            ),
+            ("media_budget_bytes_reserved", "media budget bytes reserved", budget.bytes_reserved),
+            ("media_budget_bytes_total", "media budget bytes", budget.bytes_total),
+            ("media_budget_threads_reserved", "decode threads reserved", budget.threads_reserved),
+            ("media_budget_threads_total", "decode threads budget", budget.threads_total),
+            ("forced_shutdown_bytes_kept", "bytes kept by forced shutdowns", budget.bytes_kept),
+            (
+                "forced_shutdown_threads_kept",
+                "threads kept by forced shutdowns",
+                budget.threads_kept,
+            ),
+            ("wal_queue_depth", "events waiting for the WAL writer", timeline.wal.queue_depth),
+            ("warm_runs", "runs with a warm tail", len(timeline.snapshot.tails)),
+            ("wal_broken", "1 when the WAL refuses appends", int(timeline.wal.broken is not None)),
+        ):
+            yield GaugeMetricFamily(PREFIX + name, doc, value=value)
+
+    def _counters(self) -> Iterator[Metric]:
+        manager, timeline = self.manager, self.timeline
+        admissions = CounterMetricFamily(
+            PREFIX + "admissions", "WHIP POSTs by outcome", labels=["outcome"]
+        )
+        for outcome in ADMISSION_OUTCOMES:
+            admissions.add_metric([outcome], manager.admissions.get(outcome, 0))
+        yield admissions
+        counts = dict(timeline.event_counts)
+        for name, etype in (
+            ("runs_created", "run_created"),
+            ("runs_deleted", "run_deleted"),
+            ("runs_interrupted", "run_interrupted"),
+        ):
+            yield CounterMetricFamily(
+                PREFIX + name, f"durable {etype} events", value=counts.get(etype, 0)
+            )
+        wal = timeline.wal.stats
+        yield CounterMetricFamily(PREFIX + "events_appended", "durable events", value=wal.appended)
+        yield CounterMetricFamily(PREFIX + "fsyncs", "WAL fdatasync calls", value=wal.fsyncs)
+        live = self.live
+        totals = manager.totals
+        for name, doc, value in (
+            (
+                "frames_decoded",
+                "decoded frames",
+                totals["frames_decoded"] + sum(s.frames_decoded() for s in live),
+            ),
+            (
+                "frames_dropped",
+                "encoded frames dropped by full intakes",
+                totals["frames_dropped"] + sum(s.frames_dropped for s in live),
+            ),
+            (
+                "decode_errors",
+                "decode errors",
+                totals["decode_errors"] + sum(s.decode_errors() for s in live),
+            ),
+            (
+                "inbound_bytes",
+                "encoded media bytes received",
+                totals["inbound_bytes"] + sum(s.bytes_in for s in live),
+            ),
+            (
+                "rtp_packets_lost",
+                "RTP packets lost (receiver reports)",
+                totals["rtp_packets_lost"] + sum(s.packets_lost for s in live),
+            ),
+            ("worker_faults", "decode worker faults", totals["worker_faults"]),
+            (
+                "forced_shutdowns",
+                "sessions whose workers missed the join deadline",
+                totals["forced_shutdowns"],
+            ),
+        ):
+            yield CounterMetricFamily(PREFIX + name, doc, value=value)
+
+    def _histograms(self) -> Iterator[Metric]:
+        yield _histogram(
+            "wal_confirm_seconds", "append to durable confirmation", self.timeline.confirm_latency
+        )
+        yield _histogram(
+            "wal_batch_events", "events per fsync (group commit)", self.timeline.batch_sizes
+        )
+        yield _histogram("post_seconds", "WHIP POST to 201", self.manager.post_latency)
+        yield _histogram(
+            "first_frame_seconds",
+            "POST to the first decoded video frame",
+            self.manager.first_frame_latency,
+        )
+
+    def _per_session(self) -> Iterator[Metric]:
+        labels = ["session_id", "run_id", "principal"]
+        families: dict[str, CounterMetricFamily | GaugeMetricFamily] = {
+            "session_bytes_in": CounterMetricFamily(
+                PREFIX + "session_bytes_in", "encoded bytes received", labels=labels
+            ),
+            "session_frames_decoded": CounterMetricFamily(
+                PREFIX + "session_frames_decoded", "decoded frames", labels=labels
+            ),
+            "session_frames_dropped": CounterMetricFamily(
+                PREFIX + "session_frames_dropped", "dropped frames", labels=labels
+            ),
+            "session_packets_lost": CounterMetricFamily(
+                PREFIX + "session_packets_lost", "RTP packets lost", labels=labels
+            ),
+            "session_queue_depth": GaugeMetricFamily(
+                PREFIX + "session_queue_depth", "frames queued for decoding", labels=labels
+            ),
+        }
+        for s in self.live:
+            key = [s.session_id, s.run_id, s.principal]
+            families["session_bytes_in"].add_metric(key, s.bytes_in)
+            families["session_frames_decoded"].add_metric(key, s.frames_decoded())
+            families["session_frames_dropped"].add_metric(key, s.frames_dropped)
+            families["session_packets_lost"].add_metric(key, s.packets_lost)
+            families["session_queue_depth"].add_metric(key, s.queue_depth)
+        yield from families.values()
+
+
+METRICS_KEY = web.AppKey("metrics", ServerCollector)
+REGISTRY_KEY = web.AppKey("metrics_registry", CollectorRegistry)
+
+
+def install(app: web.Application, manager: SessionManager, timeline: Timeline) -> None:
+    """Create this app's registry and collector (called at startup)."""
+    registry = CollectorRegistry(auto_describe=False)
+    collector = ServerCollector(manager, timeline)
+    registry.register(collector)
+    app[REGISTRY_KEY] = registry
+    app[METRICS_KEY] = collector
+
+
+async def metrics(request: web.Request) -> web.Response:
+    """Prometheus text format (version 0.0.4)."""
+    collector = request.app[METRICS_KEY]
+    collector.live = [await session_stats(s) for s in collector.manager.table.live()]
+    body = generate_latest(request.app[REGISTRY_KEY])
+    return web.Response(body=body, headers={"Content-Type": "text/plain; version=0.0.4"})
