@@ -10,8 +10,9 @@ from pathlib import Path
 
 from aiohttp import web
 
-from pipeline.errors import IncompatibleAiortcError as IncompatibleTapError
+from pipeline.errors import PipelineError
 from pipeline.intake import check_tap_internals
+from pipeline.processor import load_processor
 from whip.aiortc_compat import IncompatibleAiortcError, check_internals
 from whip.app import create_app
 from whip.config import Config, ConfigError, is_loopback, load_config
@@ -82,7 +83,9 @@ def main(argv: list[str] | None = None) -> int:
         config = load_config(config_path, os.environ, overrides)
         check_internals()
         check_tap_internals()
-    except (ConfigError, IncompatibleAiortcError, IncompatibleTapError) as exc:
+        for spec in config.pipeline.processors:
+            load_processor(spec)  # a bad spec fails here, not in the first session
+    except (ConfigError, IncompatibleAiortcError, PipelineError) as exc:
         logger.error("cannot start: %s", exc)
         return 2
     if not config.principals:

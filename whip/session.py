@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
 
+from pipeline.analysis import Analysis
 from pipeline.intake import FrameIntake
 from pipeline.runtime import SessionRuntime
 from whip.admission import MediaPermit
@@ -46,6 +47,7 @@ class WhipSession:
     liveness: Liveness | None = None
     intakes: list[FrameIntake] = field(default_factory=list)
     runtime: SessionRuntime | None = None
+    analysis: Analysis | None = None
     connected: bool = False
     reclaimer: asyncio.Task[None] | None = None
     closing: bool = False

@@ -27,18 +27,18 @@ from __future__ import annotations
 import asyncio
 import logging
 import secrets
-import threading
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
-import av
 from aiortc import RTCConfiguration, RTCPeerConnection, RTCSessionDescription
 from aiortc.sdp import candidate_from_sdp
 
-from pipeline.decoder import FrameCallback, FrameMeta
+from pipeline.analysis import Analysis, AnalysisSettings, Emit
+from pipeline.errors import PipelineError
 from pipeline.intake import FrameIntake, install_tap, schedule_pli
+from pipeline.processor import load_processor
 from pipeline.runtime import SessionRuntime
 from registry.deletion import DeleteResult
 from registry.errors import RegistryError
@@ -338,19 +338,41 @@ class SessionManager:
         wiring.intakes.append(intake)
 
     def _start_runtime(self, session: WhipSession, wiring: MediaWiring) -> None:
-        """Start the decode workers (no await: called right after the reclaimer starts)."""
+        """Start the analyzers and decode workers (no await: called right after the
+        reclaimer starts, so a visible session always has its media owner too)."""
         pipeline = self.config.pipeline
         session.intakes = wiring.intakes
+        wiring.session = session
+        try:
+            processors = [load_processor(spec) for spec in pipeline.processors]
+        except PipelineError as exc:
+            self._report_fault(session, "start", exc)
+            return
+        analysis = Analysis(
+            self._emitter(session),
+            run_id=session.run_id,
+            settings=AnalysisSettings(
+                stats_interval_s=pipeline.stats_interval_s,
+                scene_threshold=pipeline.scene_threshold,
+                thumbnail_interval_s=pipeline.thumbnail_interval_s,
+                keyframes_only=pipeline.decode == "keyframes",
+            ),
+            kinds=[intake.kind for intake in wiring.intakes],
+            processors=processors,
+            thumbnail_dir=self.config.server.data_dir / "thumbnails",
+            posted_at=session.posted_at,
+        )
+        session.analysis = analysis
         session.runtime = SessionRuntime(
             session.session_id,
             loop=asyncio.get_running_loop(),
             on_fault=lambda stage, exc: self._report_fault(session, stage, exc),
-            on_frame=self._first_frame_reporter(session),
+            on_frame=analysis.on_frame,
             codec_threads=pipeline.codec_threads,
             keyframes_only=pipeline.decode == "keyframes",
             max_workers=session.permit.threads,
         )
-        wiring.session = session
+        analysis.bind_runtime(session.runtime)
         try:
             session.runtime.start(wiring.intakes)
         except Exception as exc:
@@ -359,41 +381,30 @@ class SessionManager:
         for early in wiring.early_errors:
             self._report_fault(session, "intake", early)
 
-    def _first_frame_reporter(self, session: WhipSession) -> FrameCallback:
-        """Worker-thread callback: append ``first_frame`` once, at the first decoded
-        video frame (time from the POST). Non-blocking append: a full WAL queue drops
-        this one event (logged) rather than stall decoding."""
-        reported = threading.Event()
+    def _emitter(self, session: WhipSession) -> Emit:
+        """Worker-thread sink of analyzer events: a non-blocking append. A full WAL queue
+        drops that one event (logged) rather than stall decoding; lifecycle events never
+        go this way."""
 
-        def on_frame(frame: av.VideoFrame | av.AudioFrame, meta: FrameMeta) -> None:
-            if meta.kind != "video" or reported.is_set():
-                return
-            reported.set()
-            self.first_frame_latency.observe(meta.decoded_at - session.posted_at)
-            runtime = session.runtime
-            stats = runtime.stats().get("decode-video") if runtime is not None else None
-            data: dict[str, object] = {
-                "codec": meta.codec,
-                "width": getattr(frame, "width", None),
-                "height": getattr(frame, "height", None),
-                "ms_since_post": int((meta.decoded_at - session.posted_at) * 1000),
-                "frames_decoded": stats.frames_decoded if stats is not None else 1,
-                "decode_errors": stats.decode_errors if stats is not None else 0,
-                "frames_dropped": sum(i.stats().dropped_frames for i in session.intakes),
-            }
+        def emit(etype: str, data: dict[str, object]) -> None:
+            if etype == EventType.FIRST_FRAME:
+                since_post = data.get("ms_since_post")
+                if isinstance(since_post, int | float):
+                    self.first_frame_latency.observe(since_post / 1000)
             try:
                 self.timeline.append_nowait(
-                    NewEvent(session.run_id, EventType.FIRST_FRAME, session.principal, data)
+                    NewEvent(session.run_id, etype, session.principal, data)
                 )
             except RegistryError as exc:
                 logger.warning(
-                    "session %s run %s: first_frame not recorded: %s",
+                    "session %s run %s: %s not recorded: %s",
                     session.session_id,
                     session.run_id,
+                    etype,
                     exc,
                 )
 
-        return on_frame
+        return emit
 
     def _report_fault(self, session: WhipSession, stage: str, exc: BaseException) -> None:
         """Loop thread: a worker or tap failed; record it durably, then close (fault)."""
@@ -537,6 +548,11 @@ class SessionManager:
         if session.runtime is not None:
             missed = await session.runtime.stop_async(self.config.pipeline.join_deadline_s)
         after = await session_stats(session)
+        if session.analysis is not None and not missed:
+            # The workers are joined: the analyzers' state is ours to read now.
+            for etype, data in session.analysis.close_episodes():
+                await self._append_quietly(session, etype, data)
+            await self._append_quietly(session, EventType.STATS, session.analysis.final_stats())
         totals = self.totals
         totals["frames_decoded"] += after.frames_decoded()
         totals["decode_errors"] += after.decode_errors()

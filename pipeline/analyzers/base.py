@@ -1,0 +1,122 @@
+"""What the analyzers share: the event pair, media time, small luma, episodes.
+
+Every analyzer runs on the decode worker thread of its track (module doc of
+:mod:`pipeline.analyzers`), so nothing here locks.
+"""
+
+from __future__ import annotations
+
+import av
+import numpy as np
+import numpy.typing as npt
+from av.video.reformatter import VideoReformatter
+
+from pipeline.decoder import FrameMeta
+
+Event = tuple[str, dict[str, object]]
+"""``(event_type, data)``: one timeline event an analyzer asks to emit."""
+
+VIDEO_CLOCK_HZ = 90000
+AUDIO_CLOCK_HZ = {"OPUS": 48000}
+"""RTP clock rates by codec (upper-cased aiortc name). Every other audio codec aiortc
+receives runs an 8 kHz clock (PCMU, PCMA, and G722, whose RTP clock is 8 kHz even though
+it samples at 16 kHz: RFC 3551 section 4.5.2)."""
+DEFAULT_AUDIO_CLOCK_HZ = 8000
+
+SMALL_WIDTH, SMALL_HEIGHT = 64, 36
+"""The downscaled luma picture the scene and black analyzers look at (16:9, 2304 px)."""
+
+
+def media_ms(meta: FrameMeta) -> float:
+    """The frame's media time in milliseconds since the track's first frame.
+
+    From the RTP timestamp (aiortc unwraps it and starts it at 0), so it is the sender's
+    clock: gaps from dropped frames are kept, decode speed does not matter.
+    """
+    if meta.kind == "video":
+        clock = VIDEO_CLOCK_HZ
+    else:
+        clock = AUDIO_CLOCK_HZ.get(meta.codec.upper(), DEFAULT_AUDIO_CLOCK_HZ)
+    return meta.timestamp * 1000.0 / clock
+
+
+def small_luma(frame: av.VideoFrame, reformatter: VideoReformatter) -> npt.NDArray[np.float32]:
+    """The frame's luma, area-averaged down to 64x36, as float32 on 0..1.
+
+    FFmpeg's swscale does the work (about 0.2 ms for a 1080p frame); the ``gray`` output
+    is full range, so limited-range video black (Y=16) reads 0.0 and white 1.0.
+    ``threads=1``: the picture is tiny; a thread pool per call would cost more.
+    """
+    small = reformatter.reformat(
+        frame,
+        width=SMALL_WIDTH,
+        height=SMALL_HEIGHT,
+        format="gray",
+        interpolation="AREA",
+        threads=1,
+    )
+    pixels = small.to_ndarray()
+    return pixels.astype(np.float32) / np.float32(255.0)
+
+
+class Episode:
+    """A condition that must hold for ``min_duration_ms`` of media time to count.
+
+    The black and silence analyzers feed it one ``(active, at_ms)`` per frame. It opens
+    an episode (``start``) once the condition has held for the minimum duration, dated
+    from the first frame it held on, and closes it (``end``) at the first frame it does
+    not hold on. Time running backwards (a new sender clock) restarts a pending run.
+    """
+
+    __slots__ = ("_last_ms", "_since_ms", "min_duration_ms", "started")
+
+    def __init__(self, min_duration_ms: float) -> None:
+        if min_duration_ms < 0:
+            raise ValueError("min_duration_ms must not be negative")
+        self.min_duration_ms = min_duration_ms
+        self.started = False
+        self._since_ms: float | None = None
+        self._last_ms: float | None = None
+
+    def update(self, active: bool, at_ms: float, until_ms: float) -> dict[str, object] | None:
+        """One frame covering ``[at_ms, until_ms)``; the event data when a state changes.
+
+        ``start``: ``{"state": "start", "at_ms"}``; ``end``: ``{"state": "end",
+        "at_ms", "duration_ms"}`` where ``at_ms`` is when the condition stopped holding.
+        """
+        if self._since_ms is not None and at_ms < self._since_ms:
+            self._since_ms = None
+            self.started = False
+        if active:
+            if self._since_ms is None:
+                self._since_ms = at_ms
+            self._last_ms = until_ms
+            if not self.started and until_ms - self._since_ms >= self.min_duration_ms:
+                self.started = True
+                return {"state": "start", "at_ms": round(self._since_ms)}
+            return None
+        if self.started:
+            return self._finish(at_ms)
+        self._reset()
+        return None
+
+    def close(self) -> dict[str, object] | None:
+        """End an open episode at the last frame seen (the stream ended); else None."""
+        if not self.started or self._last_ms is None:
+            self._reset()
+            return None
+        data = self._finish(self._last_ms)
+        if data is not None:
+            data["reason"] = "stream_end"
+        return data
+
+    def _finish(self, at_ms: float) -> dict[str, object] | None:
+        since = self._since_ms
+        self._reset()
+        if since is None:
+            return None
+        return {"state": "end", "at_ms": round(at_ms), "duration_ms": round(at_ms - since)}
+
+    def _reset(self) -> None:
+        self._since_ms = None
+        self.started = False
