@@ -69,3 +69,53 @@ async def test_ffmpeg_push_is_decoded_by_our_threads_not_aiortcs(server: TestSer
     assert [e.data for e in closed if e.type == "session_closed"] == [{"reason": "deleted"}]
     assert manager.budget.figures().bytes_reserved == 0
     assert not any(t.name.startswith("decode-") for t in threading.enumerate())
+
+
+async def test_thumbnail_route_live_then_from_disk(tmp_path: Path) -> None:
+    import io
+
+    import aiohttp
+    import av
+
+    config = make_config(tmp_path, pipeline__thumbnail_interval_s=1)
+    configure_ice(config)
+    server = TestServer(create_app(config), host="127.0.0.1")
+    await server.start_server()
+    try:
+        manager: SessionManager = server.app[SESSIONS_KEY]
+        push = asyncio.create_task(
+            asyncio.to_thread(ffmpeg_whip_push, str(server.make_url("/whip/thumbs")), 3.0)
+        )
+        async with aiohttp.ClientSession() as http:
+            loop = asyncio.get_running_loop()
+            deadline = loop.time() + 20
+            live_jpeg = b""
+            while not push.done() and loop.time() < deadline:  # bounded sampling
+                live = manager.table.live()
+                if live:
+                    url = server.make_url(f"/v1/runs/{live[0].run_id}/thumbnail.jpg")
+                    answer = await http.get(url)
+                    if answer.status == 200:
+                        assert answer.headers["Content-Type"] == "image/jpeg"
+                        live_jpeg = await answer.read()
+                        break
+                    assert answer.status == 404
+                    assert (await answer.json())["error"]["code"] == "no_thumbnail"
+                await asyncio.sleep(0.1)
+            await push
+            assert live_jpeg[:2] == b"\xff\xd8", "a JPEG served while the session was live"
+            with av.open(io.BytesIO(live_jpeg)) as picture:
+                frame = next(picture.decode(video=0))
+                assert (frame.width, frame.height) == (320, 180)
+            (run,) = manager.timeline.runs.list_runs()
+            on_disk = await http.get(server.make_url(f"/v1/runs/{run.run_id}/thumbnail.jpg"))
+            assert on_disk.status == 200 and (await on_disk.read())[:2] == b"\xff\xd8"
+            for path, status in (
+                ("/v1/runs/r_unknown/thumbnail.jpg", 404),
+                ("/v1/runs/..%2F..%2Fetc%2Fpasswd/thumbnail.jpg", 400),
+                ("/v1/runs/.hidden/thumbnail.jpg", 400),
+            ):
+                answer = await http.get(server.make_url(path))
+                assert answer.status == status, (path, answer.status)
+    finally:
+        await server.close()

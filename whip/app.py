@@ -15,9 +15,11 @@ from collections.abc import AsyncIterator
 from aiohttp import web
 
 from registry.timeline import Timeline, TimelineConfig
+from whip import metrics
 from whip.auth import Authenticator
 from whip.config import Config
 from whip.middleware import error_middleware
+from whip.routes_api import add_api_routes
 from whip.routes_whip import AUTH_KEY, SESSIONS_KEY, add_routes
 from whip.sessions import SessionManager
 
@@ -69,6 +71,7 @@ async def _lifecycle(app: web.Application) -> AsyncIterator[None]:
     app[TIMELINE_KEY] = timeline
     manager = SessionManager(config, timeline)
     app[SESSIONS_KEY] = manager
+    metrics.install(app, manager, timeline)
     yield
     errors: list[BaseException] = []
     try:
@@ -91,5 +94,7 @@ def create_app(config: Config) -> web.Application:
     app.cleanup_ctx.append(_lifecycle)
     app.router.add_get("/healthz", healthz)
     app.router.add_get("/readyz", readyz)
+    app.router.add_get("/metrics", metrics.metrics)
     add_routes(app)
+    add_api_routes(app)
     return app

@@ -1,0 +1,93 @@
+"""/metrics after a scripted scenario says exactly what happened."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import aiohttp
+import pytest
+from aiohttp.test_utils import TestServer
+from prometheus_client.parser import text_string_to_metric_families
+
+from tests.test_whip import make_config
+from tests.whip_peers import AiortcPublisher
+from whip.app import TIMELINE_KEY, create_app
+from whip.cli import configure_ice
+from whip.routes_whip import SESSIONS_KEY
+from whip.sessions import SessionManager
+
+
+@pytest.fixture
+async def server(tmp_path: Path) -> AsyncIterator[TestServer]:
+    config = make_config(tmp_path, limits__stream_limit=2)
+    configure_ice(config)
+    test_server = TestServer(create_app(config), host="127.0.0.1")
+    await test_server.start_server()
+    yield test_server
+    await test_server.close()
+
+
+def _samples(text: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+    out: dict[tuple[str, tuple[tuple[str, str], ...]], float] = {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            out[(sample.name, tuple(sorted(sample.labels.items())))] = sample.value
+    return out
+
+
+async def test_two_runs_one_rejected_one_deleted(server: TestServer) -> None:
+    manager: SessionManager = server.app[SESSIONS_KEY]
+    timeline = server.app[TIMELINE_KEY]
+    first, second, third = AiortcPublisher(), AiortcPublisher(), AiortcPublisher()
+    async with aiohttp.ClientSession() as http:
+        for publisher, stream in ((first, "a"), (second, "b")):
+            response = await publisher.publish(http, str(server.make_url(f"/whip/{stream}")))
+            assert response.status == 201
+        await asyncio.wait_for(first.connected.wait(), 20)
+        refused = await third.publish(http, str(server.make_url("/whip/c")))
+        assert refused.status == 409
+        result = await manager.delete_run(second.run_id, "anonymous")
+        assert not result.synthesized
+        scrape = await http.get(server.make_url("/metrics"))
+        assert scrape.status == 200
+        assert scrape.headers["Content-Type"].startswith("text/plain")
+        metrics = _samples(await scrape.text())
+        (live,) = manager.table.live()
+    for publisher in (first, second, third):
+        await publisher.close()
+
+    def value(name: str, **labels: str) -> float:
+        return metrics[(name, tuple(sorted(labels.items())))]
+
+    assert value("whip_admissions_total", outcome="accepted") == 2
+    assert value("whip_admissions_total", outcome="stream_limit") == 1
+    assert value("whip_admissions_total", outcome="budget") == 0
+    assert value("whip_runs_created_total") == 2
+    assert value("whip_runs_deleted_total") == 1
+    assert value("whip_runs_interrupted_total") == 0
+    assert value("whip_sessions_live") == 1
+    assert value("whip_sessions_max") == 100
+    assert value("whip_stream_slots_in_use") == 1
+    one_session = manager.config.pipeline.media_bytes(2)
+    assert value("whip_media_budget_bytes_reserved") == one_session
+    workers = manager.config.pipeline.workers_per_session
+    assert value("whip_media_budget_threads_reserved") == workers
+    assert value("whip_forced_shutdown_bytes_kept") == 0
+    # Media events keep landing after the scrape: the counter is a prefix of the log.
+    on_disk = await asyncio.to_thread(timeline.wal.read_all)
+    at_scrape = int(value("whip_events_appended_total"))
+    assert 4 <= at_scrape <= len(on_disk)
+    lifecycle = [e.type for e in on_disk[:at_scrape]]
+    assert lifecycle.count("run_created") == 2 and lifecycle.count("run_deleted") == 1
+    assert 1 <= value("whip_fsyncs_total") <= at_scrape
+    assert value("whip_post_seconds_count") == 2
+    assert value("whip_wal_batch_events_count") == value("whip_fsyncs_total")
+    per_session = {k for k in metrics if k[0] == "whip_session_bytes_in_total"}
+    assert per_session == {
+        (
+            "whip_session_bytes_in_total",
+            (("principal", "anonymous"), ("run_id", live.run_id), ("session_id", live.session_id)),
+        ),
+    }, "only the live session has series"
