@@ -15,6 +15,7 @@ from pipeline.intake import check_tap_internals
 from pipeline.processor import load_processor
 from whip.aiortc_compat import IncompatibleAiortcError, check_internals
 from whip.app import create_app
+from whip.cli_client import add_client_commands, run_client
 from whip.config import Config, ConfigError, is_loopback, load_config
 from whip.rtc_hooks import local_addresses, restrict_host_addresses
 
@@ -38,6 +39,7 @@ def _parser() -> argparse.ArgumentParser:
         help="address to advertise as ICE host candidate (repeatable)",
     )
     serve.add_argument("--log-level", default=os.environ.get("WHIP_INGEST_LOG_LEVEL", "INFO"))
+    add_client_commands(sub)
     return parser
 
 
@@ -61,13 +63,13 @@ def configure_ice(config: Config) -> None:
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the console script."""
     args = _parser().parse_args(argv)
+    if args.command != "serve":
+        return run_client(args)
     logging.basicConfig(
         level=args.log_level.upper(),
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
         stream=sys.stderr,
     )
-    if args.command != "serve":
-        return 2
     overrides = {
         "server.host": args.host,
         "server.port": args.port,

@@ -1,0 +1,151 @@
+"""The CLI end to end: a real server process, a real publish, the operator commands."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+PYTHON = sys.executable
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+@pytest.fixture
+def server(tmp_path: Path) -> Iterator[str]:
+    port = _free_port()
+    log = (tmp_path / "server.log").open("wb")
+    proc = subprocess.Popen(
+        [PYTHON, "-m", "whip", "serve", "--port", str(port), "--data-dir", str(tmp_path / "data")],
+        stdout=log,
+        stderr=subprocess.STDOUT,
+    )
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 30
+        while True:  # bounded wait for readiness
+            assert proc.poll() is None, (tmp_path / "server.log").read_text()
+            try:
+                with socket.create_connection(("127.0.0.1", port), timeout=0.5):
+                    break
+            except OSError:
+                assert time.monotonic() < deadline, "server did not start"
+                time.sleep(0.1)
+        yield url
+    finally:
+        proc.send_signal(signal.SIGINT)
+        try:
+            proc.wait(15)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+        log.close()
+
+
+def cli(*args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "WHIP_INGEST_TOKEN": ""}
+    return subprocess.run(
+        [PYTHON, "-m", "whip", *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env=env,
+        check=False,
+    )
+
+
+def test_publish_then_operate_on_the_run(server: str) -> None:
+    publisher = subprocess.Popen(
+        [
+            PYTHON,
+            "-m",
+            "whip",
+            "publish",
+            "--test-pattern",
+            f"{server}/whip/cli-test",
+            "--duration",
+            "5",
+        ],
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        deadline = time.monotonic() + 20
+        runs: list[dict[str, object]] = []
+        while not runs:  # bounded: the run appears once the push is admitted
+            assert time.monotonic() < deadline, "no run appeared"
+            listed = cli("runs", "ls", "--server", server, "--json")
+            assert listed.returncode == 0, listed.stderr
+            runs = json.loads(listed.stdout)["items"]
+            time.sleep(0.2)
+        (run,) = runs
+        run_id = str(run["id"])
+        assert run["stream"] == "cli-test"
+        table = cli("runs", "ls", "--server", server)
+        assert run_id in table.stdout and "STATE" in table.stdout
+        live: list[str] = []
+        while not live:  # bounded: run_created is durable just before the session exists
+            assert time.monotonic() < deadline, "no live session appeared"
+            sessions = cli("sessions", "--server", server, "--json")
+            live = [s["run_id"] for s in json.loads(sessions.stdout)["items"]]
+        assert live == [run_id]
+        # --follow streams until the session closes (the publisher ends after 5 s).
+        follow = cli("runs", "events", run_id, "--follow", "--json", "--server", server)
+        assert follow.returncode == 0, follow.stderr
+        types = [json.loads(line)["type"] for line in follow.stdout.splitlines()]
+        assert types[0] == "run_created" and types[-1] == "session_closed"
+        assert "first_frame" in types
+        _, progress = publisher.communicate(timeout=30)
+        assert publisher.returncode == 0, progress
+        assert "frames" in progress and "kb/s" in progress
+    finally:
+        if publisher.poll() is None:
+            publisher.kill()
+        publisher.communicate()
+    shown = cli("runs", "show", run_id, "--server", server, "--json")
+    assert json.loads(shown.stdout)["state"] == "ended"
+    refused = cli("runs", "stop", run_id, "--server", server)
+    assert refused.returncode == 1 and "not_live" in refused.stderr
+    deleted = cli("runs", "delete", run_id, "--server", server)
+    assert deleted.returncode == 0
+    again = cli("runs", "delete", run_id, "--server", server)
+    assert json.loads(again.stdout)["repeat"] is True
+    missing = cli("runs", "show", "r_nope", "--server", server)
+    assert missing.returncode == 1 and "404" in missing.stderr
+
+
+def test_ctrl_c_on_publish_deletes_the_session(server: str) -> None:
+    publisher = subprocess.Popen(
+        [PYTHON, "-m", "whip", "publish", "--test-pattern", f"{server}/whip/interrupt"],
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        deadline = time.monotonic() + 20
+        run_id = ""
+        while not run_id:  # bounded
+            assert time.monotonic() < deadline
+            items = json.loads(cli("sessions", "--server", server, "--json").stdout)["items"]
+            run_id = str(items[0]["run_id"]) if items else ""
+            time.sleep(0.2)
+        publisher.send_signal(signal.SIGINT)
+        assert publisher.wait(20) == 130
+    finally:
+        if publisher.poll() is None:
+            publisher.kill()
+        publisher.communicate()
+    events = cli("runs", "events", run_id, "--json", "--server", server)
+    closes = [json.loads(line) for line in events.stdout.splitlines()]
+    reasons = [e["data"]["reason"] for e in closes if e["type"] == "session_closed"]
+    assert reasons == ["deleted"]
