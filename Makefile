@@ -27,7 +27,8 @@ bench: $(STAMP)
 	$(BIN)/python bench/wal.py > bench-wal.json
 	$(BIN)/python bench/crash.py > bench-crash.json
 	$(BIN)/python bench/whip.py > bench-whip.json
-	@echo "figures in bench-wal.json, bench-crash.json and bench-whip.json"
+	$(BIN)/python bench/api.py > bench-api.json
+	@echo "figures in bench-*.json"
 
 lint: $(STAMP)
 	$(BIN)/ruff check .
