@@ -9,14 +9,16 @@ from __future__ import annotations
 
 import asyncio
 import os
-from collections.abc import Callable, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
+from aiohttp.test_utils import TestServer
 
 from registry.timeline import Timeline, TimelineConfig
 from registry.wal import WalFaults
+from tests.servers import ServerPool
 
 _BLOCKING = ("fsync", "fdatasync")
 
@@ -58,3 +60,12 @@ def timeline_factory(tmp_path: Path) -> Iterator[Callable[..., Timeline]]:
     yield factory
     for timeline in reversed(opened):
         timeline.close()
+
+
+@pytest.fixture
+async def whip_servers(tmp_path: Path) -> AsyncIterator[Callable[..., Awaitable[TestServer]]]:
+    """``await whip_servers(**section__key)``: a real server on 127.0.0.1 port 0; all are
+    closed at teardown."""
+    pool = ServerPool(tmp_path / "servers")
+    yield pool.start
+    await pool.close()

@@ -25,7 +25,7 @@ from yarl import URL
 
 from registry.events import NewEvent, now_ms
 from registry.timeline import Timeline
-from tests.test_whip import make_config
+from tests.servers import make_config
 from tests.whip_peers import AiortcPublisher
 from whip.app import TIMELINE_KEY, create_app
 from whip.auth import hash_token

@@ -50,7 +50,7 @@ from schemathesis.specs.openapi.checks import (
 )
 
 from registry.events import NewEvent
-from tests.test_whip import make_config
+from tests.servers import make_config
 from tests.whip_peers import AiortcPublisher
 from whip.app import TIMELINE_KEY, create_app
 from whip.auth import hash_token

@@ -3,30 +3,22 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
-from pathlib import Path
+from collections.abc import Awaitable, Callable
 
 import aiohttp
 import pytest
 from aiohttp.test_utils import TestServer
 from prometheus_client.parser import text_string_to_metric_families
 
-from tests.test_whip import make_config
 from tests.whip_peers import AiortcPublisher
-from whip.app import TIMELINE_KEY, create_app
-from whip.cli import configure_ice
+from whip.app import TIMELINE_KEY
 from whip.routes_whip import SESSIONS_KEY
 from whip.sessions import SessionManager
 
 
 @pytest.fixture
-async def server(tmp_path: Path) -> AsyncIterator[TestServer]:
-    config = make_config(tmp_path, limits__stream_limit=2)
-    configure_ice(config)
-    test_server = TestServer(create_app(config), host="127.0.0.1")
-    await test_server.start_server()
-    yield test_server
-    await test_server.close()
+async def server(whip_servers: Callable[..., Awaitable[TestServer]]) -> TestServer:
+    return await whip_servers(limits__stream_limit=2)
 
 
 def _samples(text: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Callable
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
@@ -13,46 +13,19 @@ from aiohttp.test_utils import TestServer
 
 from registry.timeline import Timeline
 from tests.whip_peers import AiortcPublisher, ffmpeg_whip_push
-from whip.app import TIMELINE_KEY, create_app
+from whip.app import TIMELINE_KEY
 from whip.auth import hash_token
-from whip.cli import configure_ice
-from whip.config import Config, build_config
 from whip.routes_whip import SESSIONS_KEY
 from whip.sessions import SessionManager
 
 FIXTURES = Path(__file__).parent.parent / "fixtures"
 
 
-def make_config(
-    tmp_path: Path, principals: list[dict[str, str]] | None = None, **overrides: Any
-) -> Config:
-    """A config for ``tmp_path``; ``section__key=value`` keyword overrides."""
-    document: dict[str, Any] = {"server": {"data_dir": str(tmp_path / "data")}}
-    for dotted, value in overrides.items():
-        section, _, key = dotted.partition("__")
-        document.setdefault(section, {})[key] = value
-    if principals:
-        document["principals"] = principals
-    return build_config(document, {}, {})
-
-
 @pytest.fixture
-async def server_factory(
-    tmp_path: Path,
-) -> AsyncIterator[Callable[..., Any]]:
-    servers: list[TestServer] = []
-
-    async def start(**overrides: Any) -> TestServer:
-        config = make_config(tmp_path / f"s{len(servers)}", **overrides)
-        configure_ice(config)
-        server = TestServer(create_app(config), host="127.0.0.1")
-        await server.start_server()
-        servers.append(server)
-        return server
-
-    yield start
-    for server in reversed(servers):
-        await server.close()
+def server_factory(
+    whip_servers: Callable[..., Awaitable[TestServer]],
+) -> Callable[..., Awaitable[TestServer]]:
+    return whip_servers
 
 
 async def _events(timeline: Timeline, run_id: str) -> list[tuple[str, dict[str, Any]]]:

@@ -16,9 +16,8 @@ server); ``active`` makes it answer ``passive`` (server = DTLS server).
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import aiohttp
@@ -29,10 +28,8 @@ from cryptography.hazmat.primitives.asymmetric import ec, rsa
 
 import whip.sessions
 from registry.timeline import Timeline
-from tests.test_whip import make_config
 from tests.whip_peers import AiortcPublisher
-from whip.app import TIMELINE_KEY, create_app
-from whip.cli import configure_ice
+from whip.app import TIMELINE_KEY
 from whip.routes_whip import SESSIONS_KEY
 from whip.rtc_hooks import WideCipherCertificate
 from whip.session import WhipSession
@@ -76,21 +73,11 @@ def publisher_certificate(kind: str) -> RTCCertificate:
 
 
 @pytest.fixture
-async def ingest(tmp_path: Path) -> AsyncIterator[Callable[..., Awaitable[TestServer]]]:
-    """Start real servers on 127.0.0.1 port 0; all are closed at teardown."""
-    servers: list[TestServer] = []
-
-    async def start(**overrides: Any) -> TestServer:
-        config = make_config(tmp_path / f"s{len(servers)}", **overrides)
-        configure_ice(config)
-        server = TestServer(create_app(config), host="127.0.0.1")
-        await server.start_server()
-        servers.append(server)
-        return server
-
-    yield start
-    for server in reversed(servers):
-        await server.close()
+def ingest(
+    whip_servers: Callable[..., Awaitable[TestServer]],
+) -> Callable[..., Awaitable[TestServer]]:
+    """Real servers on 127.0.0.1 (the shared ``whip_servers`` fixture)."""
+    return whip_servers
 
 
 @dataclass

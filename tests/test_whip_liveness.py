@@ -17,9 +17,8 @@ import signal
 import socket
 import sys
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import Awaitable, Callable
 from pathlib import Path
-from typing import Any
 
 import aiohttp
 import pytest
@@ -29,10 +28,8 @@ from registry.events import Event, now_ms
 from registry.record import ScanOutcome, decode_frame_at, scan_segment
 from registry.timeline import Timeline, TimelineConfig
 from registry.wal import SEGMENT_SUFFIX
-from tests.test_whip import make_config
 from tests.whip_peers import AiortcPublisher, ffmpeg_whip_push
-from whip.app import TIMELINE_KEY, create_app
-from whip.cli import configure_ice
+from whip.app import TIMELINE_KEY
 from whip.routes_whip import SESSIONS_KEY
 from whip.rtc_hooks import restrict_host_addresses
 from whip.session import WhipSession
@@ -55,22 +52,11 @@ MEDIA_EVENTS = frozenset({"first_frame", "stats", "scene_change", "audio_silence
 
 
 @pytest.fixture
-async def ingest(tmp_path: Path) -> AsyncIterator[Callable[..., Awaitable[TestServer]]]:
-    """Start real servers on 127.0.0.1 port 0 (``section__key`` overrides); closed at
-    teardown."""
-    servers: list[TestServer] = []
-
-    async def start(**overrides: Any) -> TestServer:
-        config = make_config(tmp_path / f"s{len(servers)}", **overrides)
-        configure_ice(config)
-        server = TestServer(create_app(config), host="127.0.0.1")
-        await server.start_server()
-        servers.append(server)
-        return server
-
-    yield start
-    for server in reversed(servers):
-        await server.close()
+def ingest(
+    whip_servers: Callable[..., Awaitable[TestServer]],
+) -> Callable[..., Awaitable[TestServer]]:
+    """Real servers on 127.0.0.1 (the shared ``whip_servers`` fixture)."""
+    return whip_servers
 
 
 async def wait_for_event(

@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import asyncio
 import threading
-from collections.abc import AsyncIterator
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 import pytest
 from aiohttp.test_utils import TestServer
 
-from tests.test_whip import make_config
+from tests.servers import make_config
 from tests.whip_peers import ffmpeg_whip_push
 from whip.app import TIMELINE_KEY, create_app
 from whip.cli import configure_ice
@@ -19,13 +19,8 @@ from whip.sessions import SessionManager
 
 
 @pytest.fixture
-async def server(tmp_path: Path) -> AsyncIterator[TestServer]:
-    config = make_config(tmp_path)
-    configure_ice(config)
-    test_server = TestServer(create_app(config), host="127.0.0.1")
-    await test_server.start_server()
-    yield test_server
-    await test_server.close()
+async def server(whip_servers: Callable[..., Awaitable[TestServer]]) -> TestServer:
+    return await whip_servers()
 
 
 async def test_ffmpeg_push_is_decoded_by_our_threads_not_aiortcs(server: TestServer) -> None:

@@ -3,37 +3,24 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Callable
-from pathlib import Path
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import aiohttp
 import pytest
 from aiohttp.test_utils import TestServer
 
-from tests.test_whip import make_config
 from tests.whip_peers import AiortcPublisher
-from whip.app import TIMELINE_KEY, create_app
-from whip.cli import configure_ice
+from whip.app import TIMELINE_KEY
 from whip.routes_whip import SESSIONS_KEY
 from whip.sessions import SessionManager
 
 
 @pytest.fixture
-async def start(tmp_path: Path) -> AsyncIterator[Callable[..., Any]]:
-    servers: list[TestServer] = []
-
-    async def factory(**overrides: Any) -> TestServer:
-        config = make_config(tmp_path / f"s{len(servers)}", **overrides)
-        configure_ice(config)
-        server = TestServer(create_app(config), host="127.0.0.1")
-        await server.start_server()
-        servers.append(server)
-        return server
-
-    yield factory
-    for server in servers:
-        await server.close()
+def start(
+    whip_servers: Callable[..., Awaitable[TestServer]],
+) -> Callable[..., Awaitable[TestServer]]:
+    return whip_servers
 
 
 async def test_a_reconnect_to_the_same_stream_supersedes_the_ghost(

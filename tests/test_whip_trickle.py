@@ -3,17 +3,13 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
-from pathlib import Path
+from collections.abc import Awaitable, Callable
 
 import aiohttp
 import pytest
 from aiohttp.test_utils import TestServer
 
-from tests.test_whip import make_config
 from tests.whip_peers import AiortcPublisher
-from whip.app import create_app
-from whip.cli import configure_ice
 from whip.routes_whip import SESSIONS_KEY
 from whip.sessions import SessionManager
 
@@ -21,13 +17,8 @@ FRAG = "application/trickle-ice-sdpfrag"
 
 
 @pytest.fixture
-async def server(tmp_path: Path) -> AsyncIterator[TestServer]:
-    config = make_config(tmp_path)
-    configure_ice(config)
-    test_server = TestServer(create_app(config), host="127.0.0.1")
-    await test_server.start_server()
-    yield test_server
-    await test_server.close()
+async def server(whip_servers: Callable[..., Awaitable[TestServer]]) -> TestServer:
+    return await whip_servers()
 
 
 def _without_candidates(sdp: str) -> tuple[str, list[str]]:
