@@ -28,6 +28,8 @@ bench: $(STAMP)
 	$(BIN)/python bench/crash.py > bench-crash.json
 	$(BIN)/python bench/whip.py > bench-whip.json
 	$(BIN)/python bench/api.py > bench-api.json
+	$(BIN)/python bench/decode.py > bench-decode.json
+	$(BIN)/python bench/capacity.py > bench-capacity.json
 	@echo "figures in bench-*.json"
 
 lint: $(STAMP)

@@ -134,8 +134,10 @@ def open_decoder(codec: str, codec_threads: int = 1) -> Decoder:
         assert isinstance(context, av.AudioCodecContext)
         context.sample_rate = rate
         context.layout = layout
+    # Always set: PyAV's default is 0 (FFmpeg picks one thread per core), so leaving
+    # codec_threads=1 unset silently gave every session several decode threads.
+    context.thread_count = codec_threads
     if codec_threads != 1:
-        context.thread_count = codec_threads
         context.thread_type = "AUTO"
     return context
 

@@ -1,0 +1,694 @@
+#!/usr/bin/env python3
+"""Capacity: how many concurrent FFmpeg WHIP publishers the real server keeps up with.
+
+Prints one JSON document on stdout; progress goes to stderr.
+
+For each (resolution, decode policy) the server is started fresh (``python -m whip
+serve`` on a free loopback port, fresh ``--data-dir``, high limits, the policy in
+``WHIP_INGEST_PIPELINE_DECODE``), then N publishers start together, each its own
+``python -c`` subprocess: FFmpeg's WHIP muxer through PyAV in stream-copy mode (the
+pre-encoded mp4's packets muxed into ``av.open(url, "w", format="whip")``, paced by pts,
+looping) for ``--push-s`` seconds. Each publisher reports the video frames it sent and
+its own CPU time (getrusage, all its threads). While they push, ``GET /v1/sessions`` is
+polled every 3 s (RTP packets received / lost per session: aiortc's receiver stats;
+``rtp_stats_age_s`` says how long before the end of the push the last reading that
+answered was taken: an overloaded server answers late or not at all) and the
+server's CPU is read from ``/proc/<pid>/stat``. After the publishers have closed (FFmpeg
+DELETEs its session, so the server writes the final ``stats`` event) the server is
+stopped with SIGINT and the timeline is opened to read each run's final stats
+(frames_in, frames_decoded, frames_dropped, keyframes_decoded).
+
+A step passes when every session has RTP loss <= 1 % and decoded
+>= 99 % of what was sent: every frame with ``decode=all``; every keyframe sent with
+``decode=keyframes`` (that policy decodes one frame per GOP, so its criterion is also
+frames_in >= 99 % of frames sent). Intake drops are reported, not a criterion of
+their own (a dropped frame is not decoded, so the 99 % rule covers them). N steps up
+until a step fails.
+
+Everything runs on one host (publishers and server share its CPUs: see ``host.cpus``).
+Clips: libx264 baseline, no B-frames, GOP 30, 30 fps, 10 s, synthetic motion, made in a
+temp dir at start.
+
+Usage::
+
+    .venv/bin/python bench/capacity.py            # full sweep (about 10-15 min)
+    .venv/bin/python bench/capacity.py --quick    # one small step per configuration
+    .venv/bin/python bench/capacity.py --only 720p:keyframes --steps 16,24,32
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import fractions
+import json
+import os
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))  # before bench/ (``bench/whip.py`` would shadow ``whip``)
+
+import aiohttp  # noqa: E402
+
+HOST = "127.0.0.1"
+CLK_TCK = os.sysconf("SC_CLK_TCK")
+READY_TIMEOUT_S = 30.0
+STOP_TIMEOUT_S = 30.0
+
+CONFIGS = {
+    "720p:all": ("720p", "all", [4, 8, 12, 16, 24]),
+    "720p:keyframes": ("720p", "keyframes", [8, 16, 24, 32]),
+    "360p:all": ("360p", "all", [12, 24, 36, 48]),
+    "360p:keyframes": ("360p", "keyframes", [24, 36, 48]),
+}
+SIZES = {"720p": (1280, 720, 2_500_000), "360p": (640, 360, 800_000)}
+
+
+def log(message: str) -> None:
+    print(f"[bench/capacity {time.strftime('%H:%M:%S')}] {message}", file=sys.stderr, flush=True)
+
+
+# ---------------------------------------------------------------- the publisher
+
+PUBLISHER = r"""
+import json, resource, sys, time
+import av
+url, clip, push_s = sys.argv[1], sys.argv[2], float(sys.argv[3])
+out = {"frames_sent": 0, "keyframes_sent": 0, "loops": 0}
+t0 = time.monotonic()
+try:
+    src = av.open(clip)
+    vin = src.streams.video[0]
+    tb = vin.time_base
+    packets = [p for p in src.demux(vin) if p.size > 0]
+    base_pts = min(p.pts for p in packets)
+    span = max(p.pts for p in packets) - base_pts + (packets[1].duration or 1)
+    dst = av.open(url, "w", format="whip", options={"handshake_timeout": "10000"})
+    vout = dst.add_stream_from_template(vin)
+    started = None
+    loop = 0
+    try:
+        while True:
+            for p in packets:
+                offset = loop * span
+                due_s = float((p.pts - base_pts + offset) * tb)
+                if started is not None:
+                    if due_s >= push_s:
+                        raise StopIteration
+                    delay = started + due_s - time.monotonic()
+                    if delay > 0:
+                        time.sleep(delay)
+                q = av.Packet(bytes(p))
+                q.pts = p.pts - base_pts + offset
+                q.dts = (p.dts if p.dts is not None else p.pts) - base_pts + offset
+                q.duration = p.duration
+                q.time_base = tb
+                q.is_keyframe = p.is_keyframe
+                q.stream = vout
+                dst.mux(q)
+                if started is None:
+                    started = time.monotonic()
+                    out["connect_s"] = round(started - t0, 3)
+                out["frames_sent"] += 1
+                out["keyframes_sent"] += int(p.is_keyframe)
+            loop += 1
+            out["loops"] = loop
+    except StopIteration:
+        pass
+    finally:
+        out["push_s"] = round(time.monotonic() - (started or t0), 3)
+        dst.close()
+except Exception as exc:
+    out["error"] = f"{type(exc).__name__}: {exc}"[:300]
+ru = resource.getrusage(resource.RUSAGE_SELF)
+out["cpu_s"] = round(ru.ru_utime + ru.ru_stime, 3)
+out["wall_s"] = round(time.monotonic() - t0, 3)
+print(json.dumps(out), flush=True)
+"""
+
+
+# ---------------------------------------------------------------- clips
+
+
+def make_clip(path: Path, width: int, height: int, bitrate: int, seconds: float) -> None:
+    import av
+    import numpy as np
+
+    fps = 30
+    with av.open(str(path), "w") as container:
+        stream = container.add_stream("libx264", rate=fps)
+        stream.width, stream.height, stream.pix_fmt = width, height, "yuv420p"
+        ctx = stream.codec_context
+        ctx.gop_size = 30
+        ctx.max_b_frames = 0
+        ctx.bit_rate = bitrate
+        ctx.time_base = fractions.Fraction(1, fps)
+        ctx.options = {
+            "preset": "veryfast",
+            "profile": "baseline",
+            "tune": "zerolatency",
+            "sc_threshold": "0",
+            "keyint_min": "30",
+        }
+        y, x = np.mgrid[0:height, 0:width].astype(np.float32)
+        box = height // 4
+        for index in range(int(seconds * fps)):
+            t = index / fps
+            r = 128 + 100 * np.sin(x / 37.0 + t * 2.0)
+            g = 128 + 100 * np.sin(y / 23.0 - t * 1.3)
+            b = 128 + 100 * np.sin((x + y) / 51.0 + t * 0.7)
+            image = np.stack([r, g, b], axis=2)
+            cx = int((index * 8) % (width - box))
+            image[box : 2 * box, cx : cx + box] = (240, 240, 240)
+            frame = av.VideoFrame.from_ndarray(image.astype(np.uint8), format="rgb24")
+            frame.pts = index
+            for packet in stream.encode(frame.reformat(format="yuv420p")):
+                container.mux(packet)
+        for packet in stream.encode(None):
+            container.mux(packet)
+
+
+# ---------------------------------------------------------------- processes
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind((HOST, 0))
+        return int(sock.getsockname()[1])
+
+
+def cpu_s(pid: int) -> float | None:
+    """utime + stime of ``pid`` (all threads), seconds."""
+    try:
+        with open(f"/proc/{pid}/stat", encoding="ascii") as stat:
+            fields = stat.read().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / CLK_TCK
+    except (OSError, IndexError, ValueError):
+        return None
+
+
+def host_cpu() -> tuple[float, float]:
+    """(busy, total) jiffies of the whole host from /proc/stat."""
+    with open("/proc/stat", encoding="ascii") as stat:
+        parts = [int(v) for v in stat.readline().split()[1:]]
+    idle = parts[3] + parts[4]
+    return sum(parts) - idle, sum(parts)
+
+
+def rss_kib(pid: int) -> int | None:
+    with contextlib.suppress(OSError), open(f"/proc/{pid}/status", encoding="ascii") as status:
+        for line in status:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1])
+    return None
+
+
+class Server:
+    def __init__(self, data_dir: Path, log_path: Path, sessions: int, decode: str) -> None:
+        self.data_dir, self.log_path = data_dir, log_path
+        self.port = free_port()
+        self.cmd = [
+            sys.executable, "-m", "whip", "serve",
+            "--host", HOST, "--port", str(self.port), "--data-dir", str(data_dir),
+            "--max-sessions", str(sessions + 8), "--stream-limit", str(sessions + 8),
+        ]  # fmt: skip
+        n = max(sessions + 8, 128)
+        self.env_overrides = {
+            "WHIP_INGEST_LIMITS_MEDIA_BUDGET_BYTES": str(n * 2 * 16 * (1 << 20)),
+            "WHIP_INGEST_LIMITS_MEDIA_BUDGET_THREADS": str(min(4096, n * 2)),
+            "WHIP_INGEST_PIPELINE_DECODE": decode,
+            "WHIP_INGEST_LOG_LEVEL": "INFO",
+        }
+        env = {k: v for k, v in os.environ.items() if not k.startswith("WHIP_INGEST_")}
+        env.update(self.env_overrides)
+        with open(log_path, "wb") as sink:
+            self.proc = subprocess.Popen(
+                self.cmd, cwd=REPO, env=env, stdin=subprocess.DEVNULL, stdout=sink, stderr=sink
+            )
+        self.pid = self.proc.pid
+        self.base = f"http://{HOST}:{self.port}"
+        log(f"server pid {self.pid} port {self.port} decode={decode}")
+
+    async def wait_ready(self, http: aiohttp.ClientSession) -> None:
+        deadline = time.monotonic() + READY_TIMEOUT_S
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"server exited {self.proc.returncode}: {self.tail()}")
+            with contextlib.suppress(aiohttp.ClientError, OSError):
+                async with http.get(f"{self.base}/readyz") as response:
+                    if response.status == 200:
+                        return
+            await asyncio.sleep(0.1)
+        raise RuntimeError(f"server not ready: {self.tail()}")
+
+    def tail(self, lines: int = 15) -> str:
+        try:
+            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
+        except OSError:
+            return ""
+
+    def problems(self) -> dict[str, Any]:
+        lines = []
+        with contextlib.suppress(OSError):
+            lines = [
+                line
+                for line in self.log_path.read_text(errors="replace").splitlines()
+                if " WARNING " in line or " ERROR " in line or "Traceback" in line
+            ]
+        return {"count": len(lines), "first": lines[:5]}
+
+    def shutdown(self) -> dict[str, Any]:
+        if self.proc.poll() is not None:
+            return {"exit_code": self.proc.returncode, "already_exited": True}
+        started = time.monotonic()
+        self.proc.send_signal(signal.SIGINT)
+        killed = False
+        try:
+            self.proc.wait(STOP_TIMEOUT_S)
+        except subprocess.TimeoutExpired:
+            log(f"server pid {self.pid} ignored SIGINT: SIGKILL")
+            self.proc.kill()
+            self.proc.wait(5)
+            killed = True
+        return {
+            "exit_code": self.proc.returncode,
+            "seconds": round(time.monotonic() - started, 2),
+            "killed": killed,
+        }
+
+
+def read_final_stats(data_dir: Path) -> dict[str, dict[str, Any]]:
+    """stream -> final stats (and close reason) from the stopped server's timeline."""
+    from registry.timeline import Timeline, TimelineConfig
+
+    timeline = Timeline.open(TimelineConfig(data_dir))
+    try:
+        out: dict[str, dict[str, Any]] = {}
+        for view in timeline.runs.list_runs():
+            info: dict[str, Any] = {"run_id": view.run_id, "stats_events": 0}
+            after = 0
+            for _ in range(1000):
+                events = timeline.read_run_events(view.run_id, after, 1000)
+                if not events:
+                    break
+                for event in events:
+                    if event.type == "run_created":
+                        info["stream"] = event.data.get("stream", "")
+                    elif event.type == "stats":
+                        info["stats_events"] += 1
+                        if event.data.get("final"):
+                            info["final"] = dict(event.data)
+                    elif event.type == "session_closed":
+                        info["closed_reason"] = event.data.get("reason")
+                    elif event.type == "forced_shutdown":
+                        info["forced_shutdown"] = True
+                after = events[-1].seq
+            out[info.get("stream", view.run_id)] = info
+        return out
+    finally:
+        timeline.close()
+
+
+# ---------------------------------------------------------------- one step
+
+
+async def poll_sessions(
+    http: aiohttp.ClientSession, base: str, server_pid: int, stop: asyncio.Event, every: float
+) -> tuple[dict[str, dict[str, Any]], list[dict[str, Any]]]:
+    """Poll GET /v1/sessions: stream -> last reading; plus server CPU samples."""
+    last: dict[str, dict[str, Any]] = {}
+    samples: list[dict[str, Any]] = []
+    while not stop.is_set():
+        with contextlib.suppress(asyncio.TimeoutError):
+            await asyncio.wait_for(stop.wait(), every)
+        if stop.is_set():
+            break
+        samples.append({"t": time.monotonic(), "cpu_s": cpu_s(server_pid)})
+        with contextlib.suppress(aiohttp.ClientError, OSError, asyncio.TimeoutError, ValueError):
+            async with http.get(f"{base}/v1/sessions", timeout=aiohttp.ClientTimeout(5)) as r:
+                body = await r.json()
+            items = (
+                body.get("sessions", body.get("items", body)) if isinstance(body, dict) else body
+            )
+            now = time.monotonic()
+            for item in items or []:
+                if isinstance(item, dict) and "stream" in item:
+                    last[item["stream"]] = {"read_at": now} | {
+                        k: item.get(k)
+                        for k in ("id", "run_id", "packets_received", "packets_lost", "jitter",
+                                  "frames_dropped", "queue_depth", "connected")
+                    }  # fmt: skip
+    return last, samples
+
+
+def py_spy_dump(pid: int) -> str | None:
+    exe = Path(sys.executable).parent / "py-spy"
+    if not exe.exists():
+        return None
+    try:
+        done = subprocess.run(
+            [str(exe), "dump", "--pid", str(pid)], capture_output=True, text=True, timeout=20
+        )
+        return (done.stdout or "") + (done.stderr or "")
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        return f"py-spy failed: {exc}"
+
+
+def py_spy_record(pid: int, seconds: int, path: Path) -> subprocess.Popen[bytes] | None:
+    exe = Path(sys.executable).parent / "py-spy"
+    if not exe.exists():
+        return None
+    return subprocess.Popen(
+        [str(exe), "record", "--pid", str(pid), "--duration", str(seconds), "--rate", "50",
+         "--format", "raw", "--threads", "--nonblocking", "-o", str(path)],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )  # fmt: skip
+
+
+def summarize_raw(path: Path, top: int = 15) -> dict[str, Any]:
+    """Self-time leaf functions and per-thread-kind totals from py-spy's raw format."""
+    leaves: dict[str, int] = {}
+    threads: dict[str, int] = {}
+    total = 0
+    with contextlib.suppress(OSError):
+        for line in path.read_text(errors="replace").splitlines():
+            stack, _, count_s = line.rpartition(" ")
+            if not count_s.isdigit():
+                continue
+            count = int(count_s)
+            total += count
+            frames = stack.split(";")
+            head = frames[0]
+            kind = head.split("-s_")[0].split(" ")[0] if head.startswith("thread") else head
+            kind = kind.replace('"', "")
+            for prefix in ("decode-video", "decode-audio", "MainThread", "Dummy", "asyncio"):
+                if prefix in head:
+                    kind = prefix
+                    break
+            threads[kind] = threads.get(kind, 0) + count
+            leaf = frames[-1]
+            leaves[leaf] = leaves.get(leaf, 0) + count
+    ordered = sorted(leaves.items(), key=lambda kv: kv[1], reverse=True)[:top]
+    return {
+        "samples": total,
+        "by_thread": dict(sorted(threads.items(), key=lambda kv: kv[1], reverse=True)[:10]),
+        "top_leaf": [{"frame": k[:160], "pct": round(100 * v / total, 1)} for k, v in ordered]
+        if total
+        else [],
+    }
+
+
+async def run_step(
+    args: argparse.Namespace, work: Path, res: str, decode: str, n: int, clip: Path, spy: bool
+) -> dict[str, Any]:
+    tag = f"{res}-{decode}-{n}"
+    data_dir = work / f"data-{tag}"
+    server = Server(data_dir, work / f"server-{tag}.log", n, decode)
+    pubs: list[subprocess.Popen[bytes]] = []
+    step: dict[str, Any] = {"n": n, "resolution": res, "decode": decode}
+    try:
+        async with aiohttp.ClientSession() as http:
+            await server.wait_ready(http)
+            cpu0, t0 = cpu_s(server.pid), time.monotonic()
+            env = dict(os.environ)
+            env["PYTHONPATH"] = ""
+            for i in range(n):
+                url = f"{server.base}/whip/cap{i:03d}"
+                cmd = [sys.executable, "-c", PUBLISHER, url, str(clip), str(args.push_s)]
+                pub = subprocess.Popen(  # noqa: ASYNC220 (a fast fork/exec; PID recorded)
+                    cmd,
+                    stdin=subprocess.DEVNULL,
+                    stdout=subprocess.PIPE,
+                    stderr=subprocess.DEVNULL,
+                    cwd=work,
+                    env=env,
+                )
+                pubs.append(pub)
+            log(f"{tag}: {n} publishers started (pids {pubs[0].pid}..{pubs[-1].pid})")
+            stop = asyncio.Event()
+            poller = asyncio.create_task(poll_sessions(http, server.base, server.pid, stop, 3.0))
+            # steady-state window: after the connects (~3 s) until shortly before the end
+            await asyncio.sleep(min(4.0, args.push_s / 4))
+            win0 = (time.monotonic(), cpu_s(server.pid), host_cpu())
+            pub_cpu0 = sum(cpu_s(p.pid) or 0.0 for p in pubs)
+            spy_proc = None
+            window = max(2.0, args.push_s - 8.0)
+            if spy:
+                spy_proc = py_spy_record(server.pid, int(window), work / f"spy-{tag}.raw")
+            await asyncio.sleep(window)
+            win1 = (time.monotonic(), cpu_s(server.pid), host_cpu())
+            pub_cpu1 = sum(cpu_s(p.pid) or 0.0 for p in pubs)
+            if spy and args.dump:
+                step["py_spy_dump"] = (py_spy_dump(server.pid) or "")[:6000]
+            results = []
+            push_end = t0 + args.push_s + 1.0  # publishers start within about a second
+            deadline = time.monotonic() + args.push_s + 60
+            for p in pubs:
+                remaining = max(1.0, deadline - time.monotonic())
+                try:
+                    out, _ = await asyncio.to_thread(p.communicate, None, remaining)
+                    text = out.decode(errors="replace").strip().splitlines()
+                    results.append(json.loads(text[-1]) if text else {"error": "no output"})
+                except subprocess.TimeoutExpired:
+                    p.kill()
+                    p.wait(5)
+                    results.append({"error": "timeout (killed)"})
+                except ValueError as exc:
+                    results.append({"error": f"bad output: {exc}"})
+            await asyncio.sleep(1.5)  # the DELETEs' session closes write the final stats
+            stop.set()
+            sessions, _samples = await poller
+            cpu1, t1 = cpu_s(server.pid), time.monotonic()
+            if spy_proc is not None:
+                with contextlib.suppress(subprocess.TimeoutExpired):
+                    spy_proc.wait(15)
+                if spy_proc.poll() is None:
+                    spy_proc.kill()
+                    spy_proc.wait(5)
+                step["py_spy"] = summarize_raw(work / f"spy-{tag}.raw")
+            step["server_rss_kib_end"] = rss_kib(server.pid)
+    finally:
+        for p in pubs:
+            if p.poll() is None:
+                p.kill()
+                with contextlib.suppress(subprocess.TimeoutExpired):
+                    p.wait(5)
+        step["server_stop"] = server.shutdown()
+    step["server_log_problems"] = server.problems()
+    finals = read_final_stats(data_dir)
+
+    # ---- per-session figures
+    per: list[dict[str, Any]] = []
+    for i, pub in enumerate(results):
+        stream = f"cap{i:03d}"
+        final = finals.get(stream, {}).get("final", {})
+        live = sessions.get(stream, {})
+        recv, lost = live.get("packets_received"), live.get("packets_lost")
+        stats_age = round(push_end - live["read_at"], 1) if "read_at" in live else None
+        loss = None
+        if recv is not None and lost is not None and recv + lost > 0:
+            loss = lost / (recv + lost)
+        sent = pub.get("frames_sent", 0)
+        ksent = pub.get("keyframes_sent", 0)
+        row = {
+            "stream": stream,
+            "sent": sent,
+            "keyframes_sent": ksent,
+            "frames_in": final.get("frames_in"),
+            "frames_decoded": final.get("frames_decoded"),
+            "keyframes_decoded": final.get("keyframes_decoded"),
+            "frames_dropped": final.get("frames_dropped"),
+            "decode_errors": final.get("decode_errors"),
+            "packets_received": recv,
+            "packets_lost": lost,
+            "loss": None if loss is None else round(loss, 5),
+            "rtp_stats_age_s": stats_age,
+            "closed": finals.get(stream, {}).get("closed_reason"),
+            "pub_cpu_s": pub.get("cpu_s"),
+            "pub_connect_s": pub.get("connect_s"),
+        }
+        if "error" in pub:
+            row["pub_error"] = pub["error"]
+        reasons = []
+        if "error" in pub or not sent:
+            reasons.append("publisher error")
+        if not final:
+            reasons.append("no final stats")
+        else:
+            if decode == "all":
+                if (row["frames_decoded"] or 0) < 0.99 * sent:
+                    reasons.append("decoded < 99% of sent")
+            else:
+                if (row["frames_in"] or 0) < 0.99 * sent:
+                    reasons.append("frames_in < 99% of sent")
+                if (row["keyframes_decoded"] or 0) < 0.99 * ksent:
+                    reasons.append("keyframes decoded < 99% of keyframes sent")
+        if loss is None:
+            reasons.append("no RTP stats")
+        elif loss > 0.01:
+            reasons.append("RTP loss > 1%")
+        row["fail"] = reasons
+        per.append(row)
+
+    win_s = win1[0] - win0[0]
+    server_cpu = (win1[1] - win0[1]) if win1[1] is not None and win0[1] is not None else None
+    host_busy = (win1[2][0] - win0[2][0]) / max(1, win1[2][1] - win0[2][1])
+
+    def ratio(key: str, denom: str) -> list[float]:
+        return [r[key] / r[denom] for r in per if r.get(key) is not None and r.get(denom)]
+
+    step.update(
+        {
+            "passed": all(not r["fail"] for r in per),
+            "sessions_failing": sum(1 for r in per if r["fail"]),
+            "fail_reasons": sorted({x for r in per for x in r["fail"]}),
+            "decoded_over_sent_min": round(min(ratio("frames_decoded", "sent"), default=0), 4),
+            "decoded_over_sent_median": round(
+                statistics.median(ratio("frames_decoded", "sent") or [0]), 4
+            ),
+            "frames_in_over_sent_min": round(min(ratio("frames_in", "sent"), default=0), 4),
+            "loss_max": max((r["loss"] for r in per if r["loss"] is not None), default=None),
+            "rtp_stats_age_max_s": max(
+                (r["rtp_stats_age_s"] for r in per if r["rtp_stats_age_s"] is not None),
+                default=None,
+            ),
+            "dropped_total": sum(r["frames_dropped"] or 0 for r in per),
+            "sent_total": sum(r["sent"] for r in per),
+            "decoded_total": sum(r["frames_decoded"] or 0 for r in per),
+            "window_s": round(win_s, 2),
+            "server_cpu_cores": None if server_cpu is None else round(server_cpu / win_s, 3),
+            "server_cpu_pct_of_one_core_per_session": None
+            if server_cpu is None
+            else round(100 * server_cpu / win_s / n, 2),
+            "publishers_cpu_cores": round((pub_cpu1 - pub_cpu0) / win_s, 3),
+            "publisher_cpu_pct_of_one_core_each": round(100 * (pub_cpu1 - pub_cpu0) / win_s / n, 2),
+            "publisher_total_cpu_s_median": statistics.median(
+                [r["pub_cpu_s"] for r in per if r["pub_cpu_s"] is not None] or [0]
+            ),
+            "host_busy_pct": round(100 * host_busy, 1),
+            "server_cpu_s_whole_step": None
+            if cpu1 is None or cpu0 is None
+            else round(cpu1 - cpu0, 2),
+            "step_wall_s": round(t1 - t0, 1),
+        }
+    )
+    step["sessions"] = per if args.per_session else [r for r in per if r["fail"]][:5]
+    log(
+        f"{tag}: {'PASS' if step['passed'] else 'FAIL'} decoded/sent min "
+        f"{step['decoded_over_sent_min']} loss max {step['loss_max']} drops "
+        f"{step['dropped_total']} server {step['server_cpu_cores']} cores, publishers "
+        f"{step['publishers_cpu_cores']} cores, host busy {step['host_busy_pct']}% "
+        f"{step['fail_reasons']}"
+    )
+    return step
+
+
+# ---------------------------------------------------------------- main
+
+
+async def run(args: argparse.Namespace, work: Path) -> dict[str, Any]:
+    clips: dict[str, Path] = {}
+    for res in sorted({CONFIGS[c][0] for c in args.only}):
+        width, height, bitrate = SIZES[res]
+        path = work / f"clip_{res}.mp4"
+        started = time.monotonic()
+        await asyncio.to_thread(make_clip, path, width, height, bitrate, args.clip_s)
+        clips[res] = path
+        log(f"clip {path.name}: {path.stat().st_size} bytes in {time.monotonic() - started:.1f} s")
+    configs: dict[str, Any] = {}
+    for name in args.only:
+        res, decode, steps = CONFIGS[name]
+        if args.steps:
+            steps = args.steps
+        if args.quick:
+            steps = steps[:1] if not args.steps else args.steps[:1]
+        results = []
+        best = 0
+        for n in steps:
+            step = await run_step(args, work, res, decode, n, clips[res], args.spy)
+            results.append(step)
+            if not step["passed"]:
+                break
+            best = n
+        configs[name] = {
+            "resolution": res,
+            "decode": decode,
+            "steps_tried": [s["n"] for s in results],
+            "largest_passing_n": best,
+            "ceiling_reached": bool(results) and not results[-1]["passed"],
+            "steps": results,
+        }
+        log(f"{name}: largest passing N = {best} (tried {[s['n'] for s in results]})")
+    return configs
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--quick", action="store_true", help="one small step per configuration")
+    parser.add_argument(
+        "--only",
+        default=",".join(CONFIGS),
+        help=f"comma-separated configurations (default: all of {','.join(CONFIGS)})",
+    )
+    parser.add_argument("--steps", default="", help="override N steps, e.g. 8,16,24")
+    parser.add_argument("--push-s", type=float, default=20.0, help="seconds each publisher pushes")
+    parser.add_argument("--clip-s", type=float, default=10.0)
+    parser.add_argument("--spy", action="store_true", help="py-spy record the server per step")
+    parser.add_argument("--dump", action="store_true", help="with --spy: also a py-spy dump")
+    parser.add_argument("--per-session", action="store_true", help="every session's row")
+    parser.add_argument("--keep", action="store_true", help="keep the work dir (logs, data)")
+    args = parser.parse_args(argv)
+    args.only = [c.strip() for c in args.only.split(",") if c.strip()]
+    for name in args.only:
+        if name not in CONFIGS:
+            parser.error(f"unknown configuration {name!r}")
+    args.steps = [int(s) for s in args.steps.split(",") if s.strip()]
+    if args.quick:
+        args.push_s = min(args.push_s, 10.0)
+        if not args.steps:
+            args.steps = [4]
+    started = time.monotonic()
+    work = Path(tempfile.mkdtemp(prefix="bench-capacity-"))
+    log(f"work dir {work}")
+    try:
+        configs = asyncio.run(run(args, work))
+    finally:
+        if not args.keep:
+            import shutil
+
+            shutil.rmtree(work, ignore_errors=True)
+    import av
+
+    out = {
+        "bench": "capacity",
+        "push_s": args.push_s,
+        "criteria": "per session: RTP loss <= 1%, decoded >= 99% of sent "
+        "(keyframes policy: frames_in >= 99% of sent and keyframes decoded >= 99% of keyframes "
+        "sent)",
+        "publisher": "python -c subprocess, PyAV/FFmpeg WHIP muxer, stream copy, paced by pts",
+        "summary": {k: v["largest_passing_n"] for k, v in configs.items()},
+        "configs": configs,
+        "host": {
+            "cpus": len(os.sched_getaffinity(0)),
+            "note": "server and all publishers share these CPUs",
+            "pyav": av.__version__,
+        },
+        "work_dir": str(work) if args.keep else None,
+        "elapsed_s": round(time.monotonic() - started, 1),
+    }
+    json.dump(out, sys.stdout, indent=2)
+    sys.stdout.write("\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,418 @@
+#!/usr/bin/env python3
+"""Decode efficiency: PyAV alone vs the pipeline's intake -> decode -> analyzers path.
+
+Prints one JSON document on stdout; progress goes to stderr.
+
+The clip: H.264 (libx264, constrained baseline, no B-frames, GOP 30) 1280x720 at 30 fps,
+encoded in memory from a moving synthetic pattern (``--seconds``, default 10 s). The
+encoder's packets are Annex B, which is what aiortc's depayloader hands the intake.
+
+Per repetition (order alternates between repetitions):
+
+- ``pyav``: ``av.CodecContext.create("h264", "r")``, decode every packet, flush.
+- ``pipeline_analyzers``: a :class:`~pipeline.intake.FrameIntake` (depth 16, 1 MiB
+  payload limit, the server defaults) fed :class:`~pipeline.intake.EncodedFrame`
+  objects as fast as it takes them (the producer waits while the queue is full, so
+  nothing is dropped), :func:`~pipeline.decoder.decoder_worker` on its own thread,
+  :meth:`~pipeline.analysis.Analysis.on_frame` attached (stats, scene, black and
+  thumbnail analyzers; thumbnails written to a temp dir).
+- ``pipeline_bare``: the same without ``on_frame`` (analyzers off).
+
+fps = decoded frames / wall time from the first packet to the last decoded frame;
+cpu_fps = decoded frames / CPU time of the whole process over the same span (producer
+and worker threads). On a shared host (other jobs competing for the CPUs) wall-time fps
+is noisy; the CPU-time figures and ratios are the robust ones (``host.loadavg``).
+Then an ablation (one analyzer's ``process`` made a no-op at a time, CPU-time fps) and
+one profiled pipeline run (cProfile; Python 3.12's cProfile sees every thread, the
+producer's own rows are filtered out) show where the pipeline's extra time goes.
+
+Usage::
+
+    .venv/bin/python bench/decode.py            # 10 s clip, 3 repetitions
+    .venv/bin/python bench/decode.py --quick    # 4 s clip, 1 repetition
+"""
+
+from __future__ import annotations
+
+import argparse
+import cProfile
+import fractions
+import io
+import json
+import platform
+import pstats
+import statistics
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))  # before bench/ (``bench/whip.py`` would shadow ``whip``)
+
+import av  # noqa: E402
+import numpy as np  # noqa: E402
+
+from pipeline.analysis import Analysis, AnalysisSettings  # noqa: E402
+from pipeline.decoder import DecodeStats, decoder_worker  # noqa: E402
+from pipeline.intake import EncodedFrame, FrameIntake  # noqa: E402
+from pipeline.keyframes import is_keyframe  # noqa: E402
+
+DEPTH = 16
+PAYLOAD_LIMIT = 1 << 20
+
+
+def log(message: str) -> None:
+    print(f"[bench/decode {time.strftime('%H:%M:%S')}] {message}", file=sys.stderr, flush=True)
+
+
+# ---------------------------------------------------------------- the clip
+
+
+def make_clip(seconds: float, width: int, height: int, fps: int, gop: int) -> list[bytes]:
+    """Annex B packets of a synthetic moving pattern (libx264, baseline, no B-frames)."""
+    codec = av.CodecContext.create("libx264", "w")
+    assert isinstance(codec, av.VideoCodecContext)
+    codec.width, codec.height, codec.pix_fmt = width, height, "yuv420p"
+    codec.time_base = fractions.Fraction(1, fps)
+    codec.framerate = fractions.Fraction(fps, 1)
+    codec.gop_size = gop
+    codec.max_b_frames = 0
+    codec.bit_rate = 2_500_000 if height >= 720 else 800_000
+    codec.options = {
+        "preset": "veryfast",
+        "profile": "baseline",
+        "tune": "zerolatency",
+        "sc_threshold": "0",
+        "keyint_min": str(gop),
+    }
+    y, x = np.mgrid[0:height, 0:width].astype(np.float32)
+    packets: list[bytes] = []
+    frames = int(seconds * fps)
+    for index in range(frames):
+        t = index / fps
+        r = 128 + 100 * np.sin(x / 37.0 + t * 2.0)
+        g = 128 + 100 * np.sin(y / 23.0 - t * 1.3)
+        b = 128 + 100 * np.sin((x + y) / 51.0 + t * 0.7)
+        image = np.stack([r, g, b], axis=2)
+        # a moving box so there is real motion
+        cx = int((index * 8) % (width - 200))
+        image[200:400, cx : cx + 200] = (240, 240, 240)
+        frame = av.VideoFrame.from_ndarray(image.astype(np.uint8), format="rgb24")
+        frame = frame.reformat(format="yuv420p")
+        frame.pts = index
+        frame.time_base = codec.time_base
+        packets.extend(bytes(p) for p in codec.encode(frame))
+    packets.extend(bytes(p) for p in codec.encode(None))
+    return packets
+
+
+# ---------------------------------------------------------------- the two paths
+
+
+def run_pyav(packets: list[bytes]) -> dict[str, Any]:
+    decoder = av.CodecContext.create("h264", "r")
+    decoded = 0
+    started, cpu0 = time.perf_counter(), time.process_time()
+    for index, data in enumerate(packets):
+        packet = av.Packet(data)
+        packet.pts = index * 3000
+        decoded += len(decoder.decode(packet))
+    decoded += len(decoder.decode(None))
+    wall, cpu = time.perf_counter() - started, time.process_time() - cpu0
+    return {
+        "frames": decoded,
+        "wall_s": round(wall, 4),
+        "fps": round(decoded / wall, 1),
+        "cpu_s": round(cpu, 4),
+        "cpu_fps": round(decoded / cpu, 1),
+    }
+
+
+def encoded_frames(packets: list[bytes]) -> list[EncodedFrame]:
+    now = time.monotonic()
+    return [
+        EncodedFrame(
+            kind="video",
+            codec="H264",
+            data=data,
+            timestamp=index * 3000,
+            keyframe=is_keyframe("H264", data),
+            arrival=now,
+        )
+        for index, data in enumerate(packets)
+    ]
+
+
+def run_pipeline(
+    packets: list[bytes],
+    analyzers: bool,
+    thumb_dir: Path | None,
+    profile: bool = False,
+    disable: tuple[str, ...] = (),
+) -> dict[str, Any]:
+    """Producer on this thread, decoder_worker on a worker thread (profiled if asked)."""
+    intake = FrameIntake("video", depth=DEPTH, payload_limit=PAYLOAD_LIMIT, label="bench")
+    stats = DecodeStats("video")
+    events: list[tuple[str, dict[str, object]]] = []
+    analysis = None
+    if analyzers:
+        analysis = Analysis(
+            lambda etype, data: events.append((etype, data)),
+            run_id="r_bench",
+            settings=AnalysisSettings(),
+            kinds=("video",),
+            thumbnail_dir=thumb_dir,
+            posted_at=time.monotonic(),
+        )
+        analysis.bind("video", intake_stats=intake.stats, decode_stats=lambda: stats)
+        for name in disable:  # ablation: this analyzer's process() becomes a no-op
+            getattr(analysis, name).process = lambda frame, meta: []
+    profiler = cProfile.Profile() if profile else None
+    error: list[BaseException] = []
+    worker_cpu: list[float] = []
+
+    def body() -> None:
+        cpu0 = time.thread_time()
+        try:
+            if profiler is not None:
+                profiler.enable()
+            decoder_worker(intake, stats, on_frame=analysis.on_frame if analysis else None)
+        except BaseException as exc:  # reported below
+            error.append(exc)
+        finally:
+            worker_cpu.append(time.thread_time() - cpu0)
+            if profiler is not None:
+                profiler.disable()
+
+    # the EncodedFrame objects are built as the tap would (bytes, keyframe scan) ...
+    frames = encoded_frames(packets)
+    worker = threading.Thread(target=body, name="decode-video-bench", daemon=True)
+    waits = 0
+    started, cpu0 = time.perf_counter(), time.process_time()
+    worker.start()
+    for frame in frames:
+        # ... and offered only when the queue has room: a put() into a full queue would
+        # drop the frame and open a drop episode (single producer, so this check holds).
+        while intake.depth >= intake.depth_limit:
+            waits += 1
+            time.sleep(0.0005)
+        if not intake.put(frame):
+            raise RuntimeError("intake dropped a frame")
+    intake.close(drain=True)
+    worker.join(120)
+    wall, cpu = time.perf_counter() - started, time.process_time() - cpu0
+    if error:
+        raise error[0]
+    if worker.is_alive():
+        raise RuntimeError("decode worker did not finish within 120 s")
+    out: dict[str, Any] = {
+        "frames": stats.frames_decoded,
+        "wall_s": round(wall, 4),
+        "fps": round(stats.frames_decoded / wall, 1),
+        "cpu_s": round(cpu, 4),
+        "cpu_fps": round(stats.frames_decoded / cpu, 1),
+        "worker_cpu_s": round(worker_cpu[0], 4) if worker_cpu else None,
+        "dropped": intake.dropped_frames,
+        "producer_waits": waits,
+        "decode_errors": stats.decode_errors,
+    }
+    if analysis is not None:
+        kinds: dict[str, int] = {}
+        for etype, _ in events:
+            kinds[etype] = kinds.get(etype, 0) + 1
+        out["events"] = kinds
+        out["thumbnails"] = analysis.thumbnailer.encoded
+    if profiler is not None:
+        out["_profiler"] = profiler
+    return out
+
+
+def profile_summary(profiler: cProfile.Profile, top: int = 18) -> dict[str, Any]:
+    """Top functions by own time and by cumulative time (worker thread only)."""
+    stream = io.StringIO()
+    st = pstats.Stats(profiler, stream=stream)
+    # Python 3.12's cProfile uses sys.monitoring, which sees every thread: the producer's
+    # sleeps show up too. Shares are of the worker's decoder_worker cumulative time.
+    rows = []
+    for (filename, line, name), (_cc, nc, tt, ct, _callers) in st.stats.items():  # type: ignore[attr-defined]
+        short = filename.replace(str(REPO) + "/", "")
+        if "site-packages/" in short:
+            short = short.split("site-packages/", 1)[1]
+        if "time.sleep" in name or "bench/decode.py" in short or name in ("put", "close"):
+            continue
+        rows.append((tt, ct, nc, f"{short}:{line}({name})"))
+    total = sum(r[0] for r in rows)
+
+    def fmt(row: tuple[float, float, int, str]) -> dict[str, Any]:
+        return {
+            "func": row[3],
+            "calls": row[2],
+            "tottime_s": round(row[0], 4),
+            "cumtime_s": round(row[1], 4),
+            "tottime_pct": round(100 * row[0] / total, 1) if total else None,
+        }
+
+    by_tt = sorted(rows, reverse=True)[:top]
+    by_ct = sorted(rows, key=lambda r: r[1], reverse=True)[:top]
+    return {
+        "worker_tottime_sum_s": round(total, 4),
+        "by_tottime": [fmt(r) for r in by_tt],
+        "by_cumtime": [fmt(r) for r in by_ct],
+    }
+
+
+# ---------------------------------------------------------------- main
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--quick", action="store_true", help="4 s clip, 1 repetition")
+    parser.add_argument("--seconds", type=float, default=10.0)
+    parser.add_argument("--repetitions", type=int, default=3)
+    parser.add_argument("--width", type=int, default=1280)
+    parser.add_argument("--height", type=int, default=720)
+    parser.add_argument("--fps", type=int, default=30)
+    parser.add_argument("--gop", type=int, default=30)
+    parser.add_argument("--loops", type=int, default=4, help="decode the clip this many times")
+    parser.add_argument("--no-profile", action="store_true")
+    args = parser.parse_args(argv)
+    if args.quick:
+        args.seconds, args.repetitions, args.loops = min(args.seconds, 4.0), 1, 1
+
+    started = time.perf_counter()
+    log(f"encoding {args.seconds} s of {args.width}x{args.height}@{args.fps} (GOP {args.gop})")
+    clip_packets = make_clip(args.seconds, args.width, args.height, args.fps, args.gop)
+    # the clip starts with an IDR (SPS/PPS in band), so it can simply be repeated
+    packets = clip_packets * max(1, args.loops)
+    clip = {
+        "width": args.width,
+        "height": args.height,
+        "fps": args.fps,
+        "gop": args.gop,
+        "frames": len(clip_packets),
+        "keyframes": sum(is_keyframe("H264", p) for p in clip_packets),
+        "bytes": sum(len(p) for p in clip_packets),
+        "loops": args.loops,
+        "frames_per_run": len(packets),
+        "encoder": "libx264 veryfast baseline zerolatency, Annex B",
+        "encode_s": round(time.perf_counter() - started, 2),
+    }
+    log(f"clip: {clip}")
+    # warm-up (decoder init, numpy/reformatter first-call costs)
+    run_pyav(packets[: args.gop * 2])
+    with tempfile.TemporaryDirectory(prefix="bench-decode-") as tmp:
+        thumb_dir = Path(tmp)
+        run_pipeline(packets[: args.gop * 2], True, thumb_dir)
+        reps: list[dict[str, Any]] = []
+        for rep in range(args.repetitions):
+            order = ["pyav", "pipeline_analyzers", "pipeline_bare"]
+            if rep % 2:
+                order.reverse()
+            result: dict[str, Any] = {}
+            for name in order:
+                if name == "pyav":
+                    result[name] = run_pyav(packets)
+                else:
+                    result[name] = run_pipeline(packets, name == "pipeline_analyzers", thumb_dir)
+            result["ratio_analyzers"] = round(
+                result["pipeline_analyzers"]["fps"] / result["pyav"]["fps"], 3
+            )
+            result["ratio_bare"] = round(result["pipeline_bare"]["fps"] / result["pyav"]["fps"], 3)
+            for name in ("analyzers", "bare"):
+                result[f"cpu_ratio_{name}"] = round(
+                    result[f"pipeline_{name}"]["cpu_fps"] / result["pyav"]["cpu_fps"], 3
+                )
+            log(
+                f"rep {rep + 1}: pyav {result['pyav']['fps']} fps, pipeline+analyzers "
+                f"{result['pipeline_analyzers']['fps']} fps ({result['ratio_analyzers']}), bare "
+                f"{result['pipeline_bare']['fps']} fps ({result['ratio_bare']}); by CPU time: "
+                f"{result['cpu_ratio_analyzers']} / {result['cpu_ratio_bare']}"
+            )
+            reps.append(result)
+        log("ablation: pipeline with one analyzer disabled at a time")
+        ablation: dict[str, Any] = {}
+        for name in ("video_stats", "scene", "black", "thumbnailer"):
+            fps_values = [
+                run_pipeline(packets, True, thumb_dir, disable=(name,))["cpu_fps"]
+                for _ in range(max(1, min(2, args.repetitions)))
+            ]
+            ablation[f"without_{name}_cpu_fps"] = round(statistics.median(fps_values), 1)
+        profile = None
+        if not args.no_profile:
+            log("profiled pipeline run (cProfile on the worker thread)")
+            prof = run_pipeline(packets, True, thumb_dir, profile=True)
+            profile = profile_summary(prof.pop("_profiler"))
+            profile["run"] = prof
+            profile["note"] = "cProfile overhead inflates Python-level costs; use shares, not fps"
+
+    def med(path: tuple[str, ...]) -> float:
+        values = []
+        for rep in reps:
+            node: Any = rep
+            for key in path:
+                node = node[key]
+            values.append(float(node))
+        return round(statistics.median(values), 3)
+
+    out = {
+        "bench": "decode",
+        "clip": clip,
+        "repetitions": reps,
+        "median": {
+            "pyav_fps": med(("pyav", "fps")),
+            "pipeline_analyzers_fps": med(("pipeline_analyzers", "fps")),
+            "pipeline_bare_fps": med(("pipeline_bare", "fps")),
+            "ratio_analyzers": med(("ratio_analyzers",)),
+            "ratio_bare": med(("ratio_bare",)),
+            "pyav_cpu_fps": med(("pyav", "cpu_fps")),
+            "pipeline_analyzers_cpu_fps": med(("pipeline_analyzers", "cpu_fps")),
+            "pipeline_bare_cpu_fps": med(("pipeline_bare", "cpu_fps")),
+            "cpu_ratio_analyzers": med(("cpu_ratio_analyzers",)),
+            "cpu_ratio_bare": med(("cpu_ratio_bare",)),
+        },
+        "ms_per_frame": {
+            "pyav": round(1000 / med(("pyav", "fps")), 3),
+            "pipeline_analyzers": round(1000 / med(("pipeline_analyzers", "fps")), 3),
+            "pipeline_bare": round(1000 / med(("pipeline_bare", "fps")), 3),
+        },
+        "target_ratio": 0.85,
+        "ablation": ablation,
+        "profile": profile,
+        "settings": {
+            "intake_depth": DEPTH,
+            "payload_limit": PAYLOAD_LIMIT,
+            "analysis": "AnalysisSettings() defaults (thumbnail interval 10 s wall clock)",
+            "decoder_threads": "codec_threads=1 (server default); PyAV-alone uses the same default",
+        },
+        "host": {
+            "python": platform.python_version(),
+            "pyav": av.__version__,
+            "ffmpeg": str(av.ffmpeg_version_info),
+            "cpus": len(__import__("os").sched_getaffinity(0)),
+        },
+        "elapsed_s": round(time.perf_counter() - started, 1),
+    }
+    out["median"]["passes"] = out["median"]["ratio_analyzers"] >= 0.85
+    out["median"]["passes_by_cpu"] = out["median"]["cpu_ratio_analyzers"] >= 0.85
+    out["cpu_ms_per_frame"] = {
+        "pyav": round(1000 / med(("pyav", "cpu_fps")), 3),
+        "pipeline_analyzers": round(1000 / med(("pipeline_analyzers", "cpu_fps")), 3),
+        "pipeline_bare": round(1000 / med(("pipeline_bare", "cpu_fps")), 3),
+    }
+    base_ms = out["cpu_ms_per_frame"]["pipeline_analyzers"]
+    out["ablation"]["saved_cpu_ms_per_frame"] = {
+        k.removeprefix("without_").removesuffix("_cpu_fps"): round(base_ms - 1000 / v, 3)
+        for k, v in ablation.items()
+        if k.endswith("_fps")
+    }
+    out["host"]["loadavg"] = Path("/proc/loadavg").read_text().split()[:3]
+    json.dump(out, sys.stdout, indent=2)
+    sys.stdout.write("\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
