@@ -271,14 +271,19 @@ class FrameIntake:
 
         Video only (a no-op for audio). Frames are dropped from now on until a keyframe;
         ``on_need_keyframe`` is called by the next :meth:`offer`, on the producer's
-        thread, unless an episode was already open.
+        thread, unless an episode was already open. If a keyframe is already queued, the
+        worker reaches that recovery point by itself: nothing is dropped and nobody is
+        asked for a keyframe (the queue is scanned only on this error path).
         """
         if self.kind != "video":
             return
         with self._cond:
-            if not self._resync and not self._closed:
-                self._resync = True
-                self._request_pending = True
+            if self._resync or self._closed:
+                return
+            if any(frame.keyframe for frame in self._queue):
+                return
+            self._resync = True
+            self._request_pending = True
 
     def close(self, *, drain: bool = True) -> None:
         """End the stream (idempotent, any thread, never blocks).

@@ -1,0 +1,105 @@
+"""Frame processors for the end-to-end media tests, loaded through configuration
+(``pipeline.processors = ["tests.media_processors:Blocker"]``).
+
+They are controlled through module-level events (one test at a time uses them; the
+``controls`` fixture of ``tests/test_whip_media.py`` resets them). Every wait is bounded,
+so a forgotten release cannot hold the test process forever.
+"""
+
+from __future__ import annotations
+
+import threading
+
+import av
+
+from pipeline.decoder import FrameMeta
+
+MAX_BLOCK_S = 20.0
+"""No processor here blocks longer than this (the brief's bound)."""
+
+block_release = threading.Event()
+"""Set to let :class:`Blocker` continue."""
+blocked = threading.Event()
+"""Set by :class:`Blocker` when it starts blocking."""
+hang_release = threading.Event()
+"""Set (at teardown) to let :class:`Hanger` threads end."""
+hanging = threading.Event()
+"""Set by :class:`Hanger` when it starts hanging."""
+raised = threading.Event()
+
+
+def reset() -> None:
+    for event in (block_release, blocked, hang_release, hanging, raised):
+        event.clear()
+    Hanger.instances = 0
+
+
+class Blocker:
+    """Blocks the video worker at its 10th decoded frame until ``block_release``."""
+
+    kinds = ("video",)
+    at_frame = 10
+
+    def __init__(self) -> None:
+        self.seen = 0
+
+    def process(self, frame: av.VideoFrame, meta: FrameMeta) -> list[tuple[str, dict[str, object]]]:
+        self.seen += 1
+        if self.seen == self.at_frame:
+            blocked.set()
+            block_release.wait(MAX_BLOCK_S)
+        return []
+
+
+class Raiser:
+    """Raises at the 5th decoded video frame (a processor bug)."""
+
+    kinds = ("video",)
+
+    def __init__(self) -> None:
+        self.seen = 0
+
+    def process(self, frame: av.VideoFrame, meta: FrameMeta) -> list[tuple[str, dict[str, object]]]:
+        self.seen += 1
+        if self.seen == 5:
+            raised.set()
+            raise RuntimeError("media_processors.Raiser: boom")
+        return []
+
+
+class Hanger:
+    """The first session's instance hangs at its 5th video frame until ``hang_release``
+    (bounded by ``MAX_BLOCK_S``); later sessions' instances pass frames through."""
+
+    kinds = ("video",)
+    instances = 0
+
+    def __init__(self) -> None:
+        Hanger.instances += 1
+        self.armed = Hanger.instances == 1
+        self.seen = 0
+
+    def process(self, frame: av.VideoFrame, meta: FrameMeta) -> list[tuple[str, dict[str, object]]]:
+        self.seen += 1
+        if self.armed and self.seen == 5:
+            hanging.set()
+            hang_release.wait(MAX_BLOCK_S)
+        return []
+
+
+class Sleeper:
+    """Sleeps ``SLEEP_S`` at its ``AT_FRAME``-th decoded video frame (a slow analyzer
+    moment): the frames the sender keeps sending meanwhile pile up in the intake."""
+
+    kinds = ("video",)
+    AT_FRAME = 40
+    SLEEP_S = 1.3
+
+    def __init__(self) -> None:
+        self.seen = 0
+
+    def process(self, frame: av.VideoFrame, meta: FrameMeta) -> list[tuple[str, dict[str, object]]]:
+        self.seen += 1
+        if self.seen == self.AT_FRAME:
+            block_release.wait(min(self.SLEEP_S, MAX_BLOCK_S))
+        return []
