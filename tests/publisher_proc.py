@@ -65,24 +65,19 @@ def ffmpeg_publish(url: str, seconds: float, fps: int = 30) -> int:
     import av
     import numpy as np
 
+    from whip.publish import open_whip_output
+
     width, height = 320, 180
-    out = av.open(
+    out, video, _ = open_whip_output(
         url,
-        mode="w",
-        format="whip",
-        options={"handshake_timeout": str(int(CONNECT_DEADLINE_S * 1000))},
+        width=width,
+        height=height,
+        fps=fps,
+        audio=False,
+        preset="ultrafast",
+        handshake_timeout_ms=int(CONNECT_DEADLINE_S * 1000),
     )
     try:
-        video = out.add_stream("libx264", rate=fps)
-        video.width, video.height, video.pix_fmt = width, height, "yuv420p"
-        video.codec_context.gop_size = fps
-        video.codec_context.max_b_frames = 0
-        video.codec_context.options = {
-            "preset": "ultrafast",
-            "tune": "zerolatency",
-            "profile": "baseline",
-        }
-        video.codec_context.time_base = Fraction(1, fps)
         announced = False
         started = time.monotonic()
         for index in range(int(seconds * fps)):

@@ -81,20 +81,13 @@ def ffmpeg_whip_push(
     import av
     import numpy as np
 
+    from whip.publish import open_whip_output
+
     width, height = size
-    out = av.open(url, mode="w", format="whip", options={"handshake_timeout": "5000"})
+    out, video, sound = open_whip_output(
+        url, width=width, height=height, fps=fps, audio=audio, preset="ultrafast"
+    )
     try:
-        video = out.add_stream("libx264", rate=fps)
-        video.width, video.height, video.pix_fmt = width, height, "yuv420p"
-        video.codec_context.gop_size = fps
-        video.codec_context.max_b_frames = 0
-        video.codec_context.options = {
-            "preset": "ultrafast",
-            "tune": "zerolatency",
-            "profile": "baseline",
-        }
-        video.codec_context.time_base = fractions.Fraction(1, fps)
-        sound = out.add_stream("libopus", rate=48000, layout="stereo") if audio else None
         frames = int(seconds * fps)
         started = time.monotonic()
         for index in range(frames):

@@ -93,6 +93,34 @@ def _file(path: Path, loop: bool) -> Iterator[av.VideoFrame | av.AudioFrame]:
         offset_s += last_s + 1 / FPS
 
 
+def open_whip_output(
+    url: str,
+    *,
+    width: int,
+    height: int,
+    fps: int = FPS,
+    token: str | None = None,
+    audio: bool = True,
+    preset: str = "veryfast",
+    handshake_timeout_ms: int = 5000,
+) -> tuple[Any, Any, Any]:
+    """FFmpeg's WHIP muxer with an H.264 stream (baseline, no B-frames, 1 s GOP) and,
+    if ``audio``, an Opus stream: ``(container, video, audio_or_None)``. Nothing is sent
+    until the first ``mux`` (which runs the POST, ICE and DTLS)."""
+    options = {"handshake_timeout": str(handshake_timeout_ms)}
+    if token:
+        options["authorization"] = token
+    container = av.open(url, mode="w", format="whip", options=options)
+    video = container.add_stream("libx264", rate=fps)
+    video.width, video.height, video.pix_fmt = width, height, "yuv420p"
+    video.codec_context.gop_size = fps
+    video.codec_context.max_b_frames = 0
+    video.codec_context.options = {"preset": preset, "tune": "zerolatency", "profile": "baseline"}
+    video.codec_context.time_base = fractions.Fraction(1, fps)
+    sound = container.add_stream("libopus", rate=SAMPLE_RATE, layout="stereo") if audio else None
+    return container, video, sound
+
+
 def publish(
     url: str,
     *,
