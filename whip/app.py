@@ -19,6 +19,7 @@ from whip import metrics
 from whip.auth import Authenticator
 from whip.config import Config
 from whip.middleware import error_middleware
+from whip.ratelimit import LIMITER_KEY, RequestLimiter
 from whip.routes_api import add_api_routes
 from whip.routes_whip import AUTH_KEY, SESSIONS_KEY, add_routes
 from whip.sessions import SessionManager
@@ -87,10 +88,27 @@ async def _lifecycle(app: web.Application) -> AsyncIterator[None]:
 
 
 def create_app(config: Config) -> web.Application:
-    """Build the application; nothing is opened until it starts."""
-    app = web.Application(middlewares=[error_middleware], client_max_size=64 * 1024)
+    """Build the application; nothing is opened until it starts.
+
+    Connection limits (``handler_args``): the request line and each header field are
+    capped at ``limits.max_header_bytes`` (aiohttp itself answers 400, plain text, before
+    any middleware runs); ``limits.keepalive_timeout_s`` closes idle connections and
+    connections that trickle their headers. Rate limits and the body deadline:
+    :mod:`whip.ratelimit`.
+    """
+    limits = config.limits
+    handler_args = {
+        "max_line_size": limits.max_header_bytes,
+        "max_field_size": limits.max_header_bytes,
+        "keepalive_timeout": limits.keepalive_timeout_s,
+    }
+    app = web.Application(
+        middlewares=[error_middleware], client_max_size=64 * 1024, handler_args=handler_args
+    )
     app[CONFIG_KEY] = config
-    app[AUTH_KEY] = Authenticator.from_config(config)
+    auth = Authenticator.from_config(config)
+    app[AUTH_KEY] = auth
+    app[LIMITER_KEY] = RequestLimiter(limits, auth)
     app.cleanup_ctx.append(_lifecycle)
     app.router.add_get("/healthz", healthz)
     app.router.add_get("/readyz", readyz)

@@ -99,5 +99,6 @@ def main(argv: list[str] | None = None) -> int:
     app = create_app(config)
     host, port = config.server.host, config.server.port
     logger.info("serving on http://%s:%d (data dir %s)", host, port, config.server.data_dir)
-    web.run_app(app, host=host, port=port, print=None)
+    # A burst of encoders reconnecting must not overflow the default accept queue (128).
+    web.run_app(app, host=host, port=port, print=None, backlog=1024)
     return 0

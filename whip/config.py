@@ -108,6 +108,14 @@ def _check_public_hosts(hosts: tuple[str, ...]) -> None:
         raise _Invalid("lists an address twice")
 
 
+def _check_networks(networks: tuple[str, ...]) -> None:
+    for spec in networks:
+        try:
+            ipaddress.ip_network(spec, strict=False)
+        except ValueError:
+            raise _Invalid(f"{spec!r} is not an IP address or network") from None
+
+
 def _check_processors(processors: tuple[str, ...]) -> None:
     for spec in processors:
         if not _PROCESSOR.fullmatch(spec):
@@ -176,6 +184,15 @@ class LimitsConfig:
     connect_timeout_s: float = 20.0
     tombstone_ttl_s: float = 600.0
     tombstone_capacity: int = 1024
+    rate_per_address_per_s: float = 50.0
+    burst_per_address: int = 1000
+    rate_per_principal_per_s: float = 50.0
+    burst_per_principal: int = 1000
+    rate_table_capacity: int = 65536
+    trusted_proxies: tuple[str, ...] = ()
+    max_header_bytes: int = 8 * KiB
+    body_timeout_s: float = 10.0
+    keepalive_timeout_s: float = 30.0
 
     RULES: ClassVar[dict[str, _Rule]] = {
         "max_sessions": _Rule("live sessions, process-wide", 1, 100_000),
@@ -196,6 +213,40 @@ class LimitsConfig:
         ),
         "tombstone_ttl_s": _Rule("a reclaimed session URL answers DELETE this long", 1, 86400),
         "tombstone_capacity": _Rule("reclaimed-session tombstones kept", 1, 1 << 20),
+        "rate_per_address_per_s": _Rule(
+            "POST/PATCH/DELETE tokens per second per source address (0: no limit; 429 above)",
+            0,
+            1e6,
+        ),
+        "burst_per_address": _Rule("token bucket size per source address", 1, 1 << 30),
+        "rate_per_principal_per_s": _Rule(
+            "POST/PATCH/DELETE tokens per second per principal (0: no limit; 429 above)",
+            0,
+            1e6,
+        ),
+        "burst_per_principal": _Rule("token bucket size per principal", 1, 1 << 30),
+        "rate_table_capacity": _Rule(
+            "addresses and principals tracked per bucket table (least recently used evicted)",
+            16,
+            1 << 24,
+        ),
+        "trusted_proxies": _Rule(
+            "peers (addresses or networks) whose X-Forwarded-For names the client",
+            check=_check_networks,
+        ),
+        "max_header_bytes": _Rule(
+            "longest request line and header field (aiohttp answers 400 above)", KiB, 64 * KiB
+        ),
+        "body_timeout_s": _Rule(
+            "a POST/PATCH body must arrive this long after its headers (408 otherwise)",
+            0.1,
+            600,
+        ),
+        "keepalive_timeout_s": _Rule(
+            "an idle connection, or one still sending its headers, is closed after this long",
+            1,
+            3600,
+        ),
     }
 
 

@@ -82,6 +82,7 @@ from registry.runs import RunView
 from registry.timeline import MAX_CURSOR, MAX_READ_LIMIT, MAX_WAIT_S, Timeline
 from whip.auth import ForbiddenError, Principal, Role
 from whip.errors import HttpError
+from whip.ratelimit import guarded
 from whip.routes_whip import AUTH_KEY, SESSIONS_KEY
 from whip.session import WhipSession
 
@@ -344,6 +345,7 @@ def _forget_stop(stops: dict[str, asyncio.Task[int]], run_id: str) -> Callable[.
     return done
 
 
+@guarded
 async def stop_run(request: web.Request) -> web.Response:
     """``POST /v1/runs/{id}/stop`` (module doc for the decisions).
 
@@ -375,6 +377,7 @@ async def stop_run(request: web.Request) -> web.Response:
     return web.json_response({"run": after.to_json(), "seq": seq, "repeat": repeat})
 
 
+@guarded
 async def delete_run(request: web.Request) -> web.Response:
     """``DELETE /v1/runs/{id}``: single-winner soft delete; repeats are idempotent."""
     caller = _caller(request)

@@ -22,6 +22,7 @@ from aiohttp import web
 from registry.errors import RegistryError
 from whip.auth import Authenticator, Principal, Role
 from whip.errors import HttpError
+from whip.ratelimit import guarded
 from whip.sdp import check_content_type, check_offer
 from whip.session import CloseReason
 from whip.sessions import SessionManager, admission_outcome
@@ -49,6 +50,7 @@ def _principal(request: web.Request) -> Principal:
     return request.app[AUTH_KEY].require(request.headers.get("Authorization"), Role.PUBLISHER)
 
 
+@guarded
 async def post_whip(request: web.Request) -> web.StreamResponse:
     """Accept a push; every answer is counted by outcome (``whip_admissions_total``)."""
     manager = request.app[SESSIONS_KEY]
@@ -102,6 +104,7 @@ async def _post_whip(request: web.Request) -> web.StreamResponse:
     return _cors(request, response)
 
 
+@guarded
 async def delete_session(request: web.Request) -> web.StreamResponse:
     """Close a session; idempotent through the tombstone."""
     principal = _principal(request)
@@ -117,6 +120,7 @@ async def delete_session(request: web.Request) -> web.StreamResponse:
     raise HttpError("no such session", status=404, code="not_found")
 
 
+@guarded
 async def patch_session(request: web.Request) -> web.StreamResponse:
     """Trickle ICE (204); an ICE restart is refused (422).
 
