@@ -501,8 +501,14 @@ class RunRegistry:
                 count += 1
         return count
 
+    def unclosed_run_ids(self) -> list[str]:
+        """Runs whose session never closed (starting/live/stopping), deleted or not:
+        recovery appends ``run_interrupted`` to each, so every run's timeline ends."""
+        with self._lock:
+            return [r.run_id for r in self._runs.values() if r.stream_state in ACTIVE_STATES]
+
     def active_run_ids(self) -> list[str]:
-        """Runs whose stream state is starting/live/stopping (recovery interrupts these)."""
+        """Runs holding a stream slot: starting/live/stopping and not deleted."""
         with self._lock:
             return [
                 r.run_id

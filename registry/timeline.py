@@ -181,7 +181,7 @@ class Timeline:
             self.warmed.set()
         self._snapshots.seal(self.wal.next_seq - 1)
         self.wal.start()
-        live = registry.active_run_ids()
+        live = registry.unclosed_run_ids()
         if live:
             futures = []
             for run_id in live:

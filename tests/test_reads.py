@@ -151,3 +151,22 @@ def test_warm_up_after_restart_merges_with_appends_made_meanwhile(
     assert [e.data for e in tails["run-0"].events] == [{"after": "restart"}]
     everything = second.read_run_events("run-0", 0, 100)
     assert len(everything) == 11 and everything[-1].data == {"after": "restart"}
+
+
+def test_a_run_deleted_while_live_is_still_interrupted_after_a_crash(
+    tmp_path: Path, timeline_factory: Callable[..., Timeline]
+) -> None:
+    """Found by the system crash harness: every unclosed run gets a terminal event."""
+    data_dir = tmp_path / "d"
+    first = timeline_factory(data_dir)
+    first.append_blocking(NewEvent("r_a", "run_created", "p", {"stream": "s"}), 10)
+    first.append_blocking(NewEvent("r_a", "session_connected", "p"), 10)
+    first.append_blocking(NewEvent("r_a", "run_deleted", "p"), 10)
+    first.close()  # as if killed before session_closed was written
+    second = timeline_factory(data_dir)
+    assert second.interrupted == ["r_a"]
+    types = [e.type for e in second.read_run_events("r_a", 0, 10)]
+    assert types[-1] == "run_interrupted"
+    view = second.runs.get("r_a")
+    assert view is not None and view.state == "deleted"
+    assert second.runs.count_active_runs_for_principal("p") == 0
