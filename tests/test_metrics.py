@@ -83,3 +83,16 @@ async def test_two_runs_one_rejected_one_deleted(server: TestServer) -> None:
             (("principal", "anonymous"), ("run_id", live.run_id), ("session_id", live.session_id)),
         ),
     }, "only the live session has series"
+
+
+async def test_rate_limited_requests_are_counted(
+    whip_servers: Callable[..., Awaitable[TestServer]],
+) -> None:
+    server = await whip_servers(limits__rate_per_address_per_s=0.001, limits__burst_per_address=2)
+    url = server.make_url("/whip/sessions/s_AAAAAAAAAAAAAAAAAAAAAA")
+    async with aiohttp.ClientSession() as http:
+        statuses = [(await http.delete(url)).status for _ in range(4)]
+        assert statuses == [404, 404, 429, 429]
+        metrics = _samples(await (await http.get(server.make_url("/metrics"))).text())
+    assert metrics[("whip_requests_rate_limited_total", ())] == 2
+    assert metrics[("whip_request_body_timeouts_total", ())] == 0

@@ -25,6 +25,7 @@ from prometheus_client.registry import Collector
 
 from registry.histogram import Histogram
 from registry.timeline import Timeline
+from whip.ratelimit import LIMITER_KEY, RequestLimiter
 from whip.session_stats import SessionStats, session_stats
 from whip.sessions import ADMISSION_OUTCOMES, SessionManager
 
@@ -44,9 +45,15 @@ def _histogram(name: str, doc: str, histogram: Histogram) -> HistogramMetricFami
 class ServerCollector(Collector):
     """Reads the server's state at scrape time; ``live`` is refreshed by the handler."""
 
-    def __init__(self, manager: SessionManager, timeline: Timeline) -> None:
+    def __init__(
+        self,
+        manager: SessionManager,
+        timeline: Timeline,
+        limiter: RequestLimiter | None = None,
+    ) -> None:
         self.manager = manager
         self.timeline = timeline
+        self.limiter = limiter
         self.live: list[SessionStats] = []
 
     def collect(self) -> Iterator[Metric]:
@@ -132,6 +139,16 @@ class ServerCollector(Collector):
             ),
             ("worker_faults", "decode worker faults", totals["worker_faults"]),
             (
+                "requests_rate_limited",
+                "requests answered 429",
+                self.limiter.refused if self.limiter is not None else 0,
+            ),
+            (
+                "request_body_timeouts",
+                "requests answered 408 (slow body)",
+                self.limiter.body_timeouts if self.limiter is not None else 0,
+            ),
+            (
                 "forced_shutdowns",
                 "sessions whose workers missed the join deadline",
                 totals["forced_shutdowns"],
@@ -189,7 +206,7 @@ REGISTRY_KEY = web.AppKey("metrics_registry", CollectorRegistry)
 def install(app: web.Application, manager: SessionManager, timeline: Timeline) -> None:
     """Create this app's registry and collector (called at startup)."""
     registry = CollectorRegistry(auto_describe=False)
-    collector = ServerCollector(manager, timeline)
+    collector = ServerCollector(manager, timeline, app.get(LIMITER_KEY))
     registry.register(collector)
     app[REGISTRY_KEY] = registry
     app[METRICS_KEY] = collector

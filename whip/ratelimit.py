@@ -175,6 +175,9 @@ class RequestLimiter:
         )
         self.trusted = tuple(_network(spec) for spec in limits.trusted_proxies)
         self.refused = 0
+        """Requests answered 429 (loop thread only; exported by /metrics)."""
+        self.body_timeouts = 0
+        """Requests answered 408 because their body did not arrive in time."""
 
     def _trusted(self, text: str | None) -> bool:
         address = _address(text) if text else None
@@ -289,7 +292,11 @@ def guarded(handler: Handler) -> Handler:
     async def wrapper(request: web.Request) -> web.StreamResponse:
         limiter = request.app[LIMITER_KEY]
         limiter.check(request)
-        timer = await _await_body(request, limiter.limits.body_timeout_s)
+        try:
+            timer = await _await_body(request, limiter.limits.body_timeout_s)
+        except BodyTimeoutError:
+            limiter.body_timeouts += 1
+            raise
         try:
             return await handler(request)
         finally:
