@@ -137,6 +137,14 @@ async def test_status_codes_before_any_resource_is_taken(
             response = await http.request(method, url)
             assert response.status == 405
             assert "POST" in response.headers["Allow"]
+        refused = await http.post(
+            url,
+            data=offer,
+            headers={"Content-Type": "text/plain", "Origin": "https://studio.example"},
+        )
+        assert refused.status == 415
+        assert refused.headers["Access-Control-Allow-Origin"] == "https://studio.example"
+        assert "Retry-After" in refused.headers["Access-Control-Expose-Headers"]
         options = await http.options(url, headers={"Origin": "https://studio.example"})
         assert options.status == 204
         assert options.headers["Accept-Post"] == "application/sdp"

@@ -15,6 +15,7 @@ from collections.abc import Awaitable, Callable
 from aiohttp import web
 
 from registry.errors import RegistryError
+from whip.cors import add_cors, is_whip_path
 from whip.errors import HttpError, error_body
 
 logger = logging.getLogger(__name__)
@@ -43,7 +44,15 @@ _REASON_CODES = {
 
 @web.middleware
 async def error_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
-    """Map every failure of ``handler`` to a JSON error answer."""
+    """Map every failure of ``handler`` to a JSON error answer (with CORS on WHIP paths,
+    so a browser publisher can read a refusal's ``Retry-After``)."""
+    response = await _answer(request, handler)
+    if response.status >= 400 and is_whip_path(request.path):
+        add_cors(request, response)
+    return response
+
+
+async def _answer(request: web.Request, handler: Handler) -> web.StreamResponse:
     try:
         return await handler(request)
     except asyncio.CancelledError:

@@ -21,6 +21,7 @@ from aiohttp import web
 
 from registry.errors import RegistryError
 from whip.auth import Authenticator, Principal, Role
+from whip.cors import add_cors
 from whip.errors import HttpError
 from whip.ratelimit import guarded
 from whip.sdp import check_content_type, check_offer
@@ -36,14 +37,9 @@ SESSIONS_KEY = web.AppKey("sessions", SessionManager)
 
 _STREAM = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
 _SESSION_ID = re.compile(r"s_[A-Za-z0-9_-]{22}")
-EXPOSED = "Location, ETag, Link, X-Run-Id, Accept-Post, Retry-After"
 
 
-def _cors(request: web.Request, response: web.StreamResponse) -> web.StreamResponse:
-    response.headers["Access-Control-Allow-Origin"] = request.headers.get("Origin", "*")
-    response.headers["Access-Control-Expose-Headers"] = EXPOSED
-    response.headers["Vary"] = "Origin"
-    return response
+_cors = add_cors
 
 
 def _principal(request: web.Request) -> Principal:
