@@ -52,7 +52,6 @@ from registry.events import Event, NewEvent
 from registry.index import OFFSET_BITS, EventIndex, Position, RunPositions
 from registry.record import (
     DEFAULT_MAX_RECORD_BYTES,
-    RecordInfo,
     ScanEnd,
     ScanOutcome,
     decode_frame_at,
@@ -656,11 +655,6 @@ class Wal:
         return out
 
 
-def decode_record(buf: bytes, info: RecordInfo) -> Event:
-    """Decode the full event behind a :class:`RecordInfo` from its segment's bytes."""
-    return decode_frame_at(buf, info.offset)
-
-
 __all__ = [
     "DEFAULT_SEGMENT_BYTES",
     "RecoveryReport",
@@ -669,6 +663,5 @@ __all__ = [
     "WalHooks",
     "WalOptions",
     "decode_payload",
-    "decode_record",
     "segment_name",
 ]

@@ -90,14 +90,6 @@ class SessionTable[E]:
             self._prune_locked()
             return True
 
-    def discard_unpublished(self, session_id: str, entry: E) -> bool:
-        """Undo an insert that was never announced to anyone (no tombstone)."""
-        with self._lock:
-            if self._live.get(session_id) is not entry:
-                return False
-            del self._live[session_id]
-            return True
-
     def get(self, session_id: str) -> E | None:
         """The live entry, or None."""
         with self._lock:
