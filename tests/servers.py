@@ -3,11 +3,14 @@ the ``whip_servers`` fixture (tests/conftest.py) wraps."""
 
 from __future__ import annotations
 
+import asyncio
 from pathlib import Path
 from typing import Any
 
 from aiohttp.test_utils import TestServer
 
+from registry.events import Event
+from registry.timeline import Timeline
 from whip.app import create_app
 from whip.cli import configure_ice
 from whip.config import Config, build_config
@@ -48,3 +51,18 @@ class ServerPool:
         """Close every server, newest first."""
         for server in reversed(self.servers):
             await server.close()
+
+
+async def wait_for_type(timeline: Timeline, run_id: str, etype: str, wait_s: float = 20) -> Event:
+    """The first ``etype`` event of ``run_id``, long-polling the timeline (bounded)."""
+    seen = 0
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + wait_s
+    while (remaining := deadline - loop.time()) > 0:
+        batch = await timeline.wait_for_events(run_id, seen, wait_s=min(remaining, 60))
+        for event in batch:
+            if event.type == etype:
+                return event
+        if batch:
+            seen = batch[-1].seq
+    raise AssertionError(f"no {etype} for {run_id} within {wait_s}s")

@@ -12,6 +12,7 @@ import pytest
 from aiohttp.test_utils import TestServer
 
 from registry.timeline import Timeline
+from tests.servers import wait_for_type
 from tests.whip_peers import AiortcPublisher, ffmpeg_whip_push
 from whip.app import TIMELINE_KEY
 from whip.auth import hash_token
@@ -32,19 +33,6 @@ async def _events(timeline: Timeline, run_id: str) -> list[tuple[str, dict[str, 
     return [(e.type, e.data) for e in await timeline.read_events(run_id, 0, 1000)]
 
 
-async def _wait_for_type(timeline: Timeline, run_id: str, etype: str, wait_s: float = 20) -> None:
-    seen = 0
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + wait_s
-    while loop.time() < deadline:
-        batch = await timeline.wait_for_events(run_id, seen, wait_s=deadline - loop.time())
-        if any(e.type == etype for e in batch):
-            return
-        if batch:
-            seen = batch[-1].seq
-    raise AssertionError(f"no {etype} for {run_id} within {wait_s}s")
-
-
 async def test_aiortc_publisher_connects_and_delete_closes_it(
     server_factory: Callable[..., Any],
 ) -> None:
@@ -63,7 +51,7 @@ async def test_aiortc_publisher_connects_and_delete_closes_it(
         assert "a=recvonly" in answer and "a=sendrecv" not in answer
         assert "a=end-of-candidates" in answer and "typ host" in answer
         await asyncio.wait_for(publisher.connected.wait(), 20)
-        await _wait_for_type(timeline, publisher.run_id, "session_connected")
+        await wait_for_type(timeline, publisher.run_id, "session_connected")
         assert len(manager.table) == 1
 
         deleted = await http.delete(server.make_url(publisher.location))
@@ -98,7 +86,7 @@ async def test_peer_close_is_reclaimed_as_peer_gone(server_factory: Callable[...
         assert response.status == 201
     await asyncio.wait_for(publisher.connected.wait(), 20)
     await publisher.close()
-    await _wait_for_type(timeline, publisher.run_id, "session_closed", wait_s=30)
+    await wait_for_type(timeline, publisher.run_id, "session_closed", wait_s=30)
     events = await _events(timeline, publisher.run_id)
     assert [d["reason"] for t, d in events if t == "session_closed"] == ["peer_gone"]
     assert len(manager.table) == 0
@@ -220,7 +208,7 @@ async def test_ffmpeg_whip_muxer_push_connects_and_its_delete_closes(
     runs = timeline.runs.list_runs()
     assert len(runs) == 1
     run_id = runs[0].run_id
-    await _wait_for_type(timeline, run_id, "session_closed", wait_s=20)
+    await wait_for_type(timeline, run_id, "session_closed", wait_s=20)
     events = await _events(timeline, run_id)
     types = [t for t, _ in events]
     assert types[:2] == ["run_created", "session_connected"]

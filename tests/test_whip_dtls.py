@@ -28,6 +28,7 @@ from cryptography.hazmat.primitives.asymmetric import ec, rsa
 
 import whip.sessions
 from registry.timeline import Timeline
+from tests.servers import wait_for_type
 from tests.whip_peers import AiortcPublisher
 from whip.app import TIMELINE_KEY
 from whip.routes_whip import SESSIONS_KEY
@@ -134,22 +135,6 @@ async def push(
     return Push(publisher, response.status, answer, session, settled)
 
 
-async def wait_for_type(
-    timeline: Timeline, run_id: str, etype: str, wait_s: float = CONNECT_WAIT_S
-) -> None:
-    """Wait for the run's first ``etype`` event (bounded)."""
-    seen = 0
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + wait_s
-    while loop.time() < deadline:
-        batch = await timeline.wait_for_events(run_id, seen, wait_s=deadline - loop.time())
-        if any(e.type == etype for e in batch):
-            return
-        if batch:
-            seen = batch[-1].seq
-    raise AssertionError(f"no {etype} for {run_id} within {wait_s}s")
-
-
 async def event_log(timeline: Timeline, run_id: str) -> list[tuple[str, dict[str, Any]]]:
     return [(e.type, e.data) for e in await timeline.read_events(run_id, 0, 1000)]
 
@@ -186,7 +171,7 @@ async def test_publisher_certificate_and_dtls_role(
             assert f"a=setup:{answer_setup}" in pushed.answer
             assert "a=setup:actpass" not in pushed.answer
             assert await pushed.wait_settled() == "connected", publisher.states
-            await wait_for_type(timeline, publisher.run_id, "session_connected")
+            await wait_for_type(timeline, publisher.run_id, "session_connected", CONNECT_WAIT_S)
             assert publisher.states == ["connecting", "connected"]
 
             session = pushed.session
@@ -252,11 +237,11 @@ async def test_stock_certificate_cannot_serve_rsa_publisher_as_dtls_client(
             assert type(local_certificate(server_dtls(pushed.session))) is RTCCertificate
             if connects:
                 assert await pushed.wait_settled() == "connected", publisher.states
-                await wait_for_type(timeline, publisher.run_id, "session_connected")
+                await wait_for_type(timeline, publisher.run_id, "session_connected", CONNECT_WAIT_S)
                 deleted = await http.delete(server.make_url(publisher.location))
                 assert deleted.status == 200
             else:
-                await wait_for_type(timeline, publisher.run_id, "session_closed")
+                await wait_for_type(timeline, publisher.run_id, "session_closed", CONNECT_WAIT_S)
                 assert await pushed.wait_settled() == "failed", publisher.states
                 assert "connected" not in pushed.session.state_history
                 assert pushed.session.state_history[-2:] == ["failed", "closed"]

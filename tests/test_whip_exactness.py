@@ -34,6 +34,7 @@ from aiortc import RTCPeerConnection
 import whip.sessions
 from registry.events import Event
 from registry.timeline import Timeline
+from tests.servers import wait_for_type
 from tests.whip_peers import AiortcPublisher
 from whip.app import TIMELINE_KEY, create_app
 from whip.auth import hash_token
@@ -267,21 +268,6 @@ def by_run(events: Iterable[Event]) -> dict[str, list[Event]]:
     for event in events:
         runs[event.run_id].append(event)
     return runs
-
-
-async def wait_for_type(timeline: Timeline, run_id: str, etype: str, wait_s: float = 20) -> Event:
-    """The first ``etype`` event of ``run_id``, long-polling the timeline (bounded)."""
-    seen = 0
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + wait_s
-    while (remaining := deadline - loop.time()) > 0:
-        batch = await timeline.wait_for_events(run_id, seen, wait_s=min(remaining, 60))
-        for event in batch:
-            if event.type == etype:
-                return event
-        if batch:
-            seen = batch[-1].seq
-    raise AssertionError(f"no {etype} for {run_id} within {wait_s}s")
 
 
 def session_of(harness: Harness, reply: Reply) -> WhipSession:

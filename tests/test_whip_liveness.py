@@ -28,6 +28,7 @@ from registry.events import Event, now_ms
 from registry.record import ScanOutcome, decode_frame_at, scan_segment
 from registry.timeline import Timeline, TimelineConfig
 from registry.wal import SEGMENT_SUFFIX
+from tests.servers import wait_for_type
 from tests.whip_peers import AiortcPublisher, ffmpeg_whip_push
 from whip.app import TIMELINE_KEY
 from whip.routes_whip import SESSIONS_KEY
@@ -57,23 +58,6 @@ def ingest(
 ) -> Callable[..., Awaitable[TestServer]]:
     """Real servers on 127.0.0.1 (the shared ``whip_servers`` fixture)."""
     return whip_servers
-
-
-async def wait_for_event(
-    timeline: Timeline, run_id: str, etype: str, wait_s: float = CONNECT_WAIT_S
-) -> Event:
-    """The run's first ``etype`` event, waiting for it (bounded)."""
-    seen = 0
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + wait_s
-    while loop.time() < deadline:
-        batch = await timeline.wait_for_events(run_id, seen, wait_s=deadline - loop.time())
-        for event in batch:
-            if event.type == etype:
-                return event
-        if batch:
-            seen = batch[-1].seq
-    raise AssertionError(f"no {etype} for {run_id} within {wait_s}s")
 
 
 async def wait_for_single_run(timeline: Timeline, wait_s: float = CONNECT_WAIT_S) -> str:
@@ -114,7 +98,7 @@ async def test_ffmpeg_push_outlives_stock_consent_expiry(
     )
     try:
         run_id = await wait_for_single_run(timeline)
-        connected = await wait_for_event(timeline, run_id, "session_connected")
+        connected = await wait_for_type(timeline, run_id, "session_connected", CONNECT_WAIT_S)
         session = manager.find_by_run(run_id)
         assert session is not None
         # Well past the point where stock aioice gives up on FFmpeg, the push is still
@@ -131,7 +115,7 @@ async def test_ffmpeg_push_outlives_stock_consent_expiry(
     sent = pushing.result()  # FFmpeg raises ConnectionRefusedError if it was dropped
     assert sent == int(LONG_PUSH_S * 30)
 
-    closed = await wait_for_event(timeline, run_id, "session_closed")
+    closed = await wait_for_type(timeline, run_id, "session_closed", CONNECT_WAIT_S)
     events = await timeline.read_events(run_id, 0, 1000)
     assert [e.type for e in events][:2] == ["run_created", "session_connected"]
     assert [e.data for e in events if e.type == "session_closed"] == [{"reason": "deleted"}]
@@ -208,7 +192,7 @@ async def test_sigkilled_publisher_is_reclaimed_as_peer_gone(
     try:
         await read_until_connected(proc, CONNECT_WAIT_S)
         run_id = await wait_for_single_run(timeline)
-        await wait_for_event(timeline, run_id, "session_connected")
+        await wait_for_type(timeline, run_id, "session_connected", CONNECT_WAIT_S)
         session = manager.find_by_run(run_id)
         assert session is not None
         await wait_for_media(session, MID_STREAM_PACKETS, CONNECT_WAIT_S)
@@ -216,7 +200,7 @@ async def test_sigkilled_publisher_is_reclaimed_as_peer_gone(
         killed_at, killed_ms = time.monotonic(), now_ms()
         await proc.communicate()  # reap it, drain its stdout
         assert proc.returncode == -signal.SIGKILL
-        closed = await wait_for_event(
+        closed = await wait_for_type(
             timeline, run_id, "session_closed", wait_s=RECLAIM_AFTER_S + 10.0
         )
         detected_s = time.monotonic() - killed_at
