@@ -4,6 +4,7 @@ the ``whip_servers`` fixture (tests/conftest.py) wraps."""
 from __future__ import annotations
 
 import asyncio
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -66,3 +67,21 @@ async def wait_for_type(timeline: Timeline, run_id: str, etype: str, wait_s: flo
         if batch:
             seen = batch[-1].seq
     raise AssertionError(f"no {etype} for {run_id} within {wait_s}s")
+
+
+def serve_argv(port: int, data_dir: Path, *extra: str) -> list[str]:
+    """The command line of a real server process on 127.0.0.1 (tests that kill,
+    signal or restart the server need a separate process)."""
+    return [
+        sys.executable,
+        "-m",
+        "whip",
+        "serve",
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        "--data-dir",
+        str(data_dir),
+        *extra,
+    ]

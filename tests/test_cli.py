@@ -14,6 +14,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.servers import serve_argv
+
 PYTHON = sys.executable
 
 
@@ -28,7 +30,7 @@ def server(tmp_path: Path) -> Iterator[str]:
     port = _free_port()
     log = (tmp_path / "server.log").open("wb")
     proc = subprocess.Popen(
-        [PYTHON, "-m", "whip", "serve", "--port", str(port), "--data-dir", str(tmp_path / "data")],
+        serve_argv(port, tmp_path / "data"),
         stdout=log,
         stderr=subprocess.STDOUT,
     )

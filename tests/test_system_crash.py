@@ -52,6 +52,7 @@ if str(ROOT) not in sys.path:  # the bench imports this module as a script's hel
 from registry.events import Event, EventType  # noqa: E402
 from registry.record import decode_frame_at  # noqa: E402
 from tests.crash_writer import live_runs, segment_paths, walk_frames  # noqa: E402
+from tests.servers import serve_argv  # noqa: E402
 from tests.whip_peers import AiortcPublisher  # noqa: E402
 
 READY_DEADLINE_S = 30.0
@@ -180,18 +181,7 @@ async def start_server(state: LoopState) -> tuple[asyncio.subprocess.Process, fl
     started = time.monotonic()
     try:
         proc = await asyncio.create_subprocess_exec(
-            sys.executable,
-            "-m",
-            "whip",
-            "serve",
-            "--host",
-            "127.0.0.1",
-            "--port",
-            str(state.port),
-            "--data-dir",
-            str(state.data_dir),
-            "--stream-limit",
-            "1000",
+            *serve_argv(state.port, state.data_dir, "--stream-limit", "1000"),
             cwd=ROOT,
             stdout=log,
             stderr=log,
@@ -474,16 +464,7 @@ async def kill_during_start(state: LoopState, before: list[Event], delay: float)
     log = state.log_path.open("ab")
     try:
         proc = await asyncio.create_subprocess_exec(
-            sys.executable,
-            "-m",
-            "whip",
-            "serve",
-            "--host",
-            "127.0.0.1",
-            "--port",
-            str(state.port),
-            "--data-dir",
-            str(state.data_dir),
+            *serve_argv(state.port, state.data_dir),
             cwd=ROOT,
             stdout=log,
             stderr=log,

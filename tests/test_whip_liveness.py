@@ -28,7 +28,7 @@ from registry.events import Event, now_ms
 from registry.record import ScanOutcome, decode_frame_at, scan_segment
 from registry.timeline import Timeline, TimelineConfig
 from registry.wal import SEGMENT_SUFFIX
-from tests.servers import wait_for_type
+from tests.servers import serve_argv, wait_for_type
 from tests.whip_peers import AiortcPublisher, ffmpeg_whip_push
 from whip.app import TIMELINE_KEY
 from whip.routes_whip import SESSIONS_KEY
@@ -306,16 +306,7 @@ async def test_sigterm_closes_sessions_durably_and_exits_zero(tmp_path: Path) ->
     log_path = tmp_path / "server.log"
     with log_path.open("wb") as log:
         proc = await asyncio.create_subprocess_exec(
-            sys.executable,
-            "-m",
-            "whip",
-            "serve",
-            "--host",
-            "127.0.0.1",
-            "--port",
-            str(port),
-            "--data-dir",
-            str(data_dir),
+            *serve_argv(port, data_dir),
             cwd=ROOT,
             env=env,
             stdout=log,
