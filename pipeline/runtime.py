@@ -14,8 +14,9 @@ worker threads of one session, one per track (``decode-video-<session>``,
   later ones, are logged and kept in :attr:`SessionRuntime.faults` only.
 - :meth:`SessionRuntime.stop` (blocking, for threads and tests) or
   :meth:`SessionRuntime.stop_async` (on the loop, never blocks it) closes every intake
-  (queued frames discarded), waits for the workers up to a deadline and returns the
-  names of those that missed it. Those threads are left running detached (daemon
+  (queued frames discarded, or first drained for a bounded time on a clean end),
+  waits for the workers up to a deadline and returns the names of those that missed
+  it. Those threads are left running detached (daemon
   threads: they cannot hold up process exit); the caller keeps their media permit
   (forced shutdown) and can read :attr:`SessionRuntime.detached` later.
 
@@ -271,14 +272,14 @@ class SessionRuntime:
 
     # ------------------------------------------------------------ stop
 
-    def _request_stop(self) -> tuple[Worker, ...]:
+    def _request_stop(self, *, drain: bool = False) -> tuple[Worker, ...]:
         with self._lock:
             self._stop_requested = True
             if self._state is not RuntimeState.STOPPED:
                 self._move_locked(RuntimeState.STOPPED)
             workers = self._workers
         for worker in workers:
-            worker.intake.close(drain=False)
+            worker.intake.close(drain=drain)
         return workers
 
     def _missed(self, workers: tuple[Worker, ...]) -> list[str]:
@@ -304,17 +305,33 @@ class SessionRuntime:
                 worker.thread.join(max(0.0, deadline - time.monotonic()))
         return self._missed(workers)
 
-    async def stop_async(self, deadline_s: float) -> list[str]:
+    async def stop_async(self, deadline_s: float, *, drain_s: float = 0.0) -> list[str]:
         """:meth:`stop` without blocking the loop (waits for the workers' exit posts).
+
+        With ``drain_s`` > 0 (a clean end: the peer is closed, no frame comes any more)
+        the workers first get up to ``drain_s`` to decode what is already queued; what is
+        left after that is discarded (counted as dropped). The drain is part of
+        ``deadline_s``, not added to it, so a worker that misses the deadline is reported
+        at the same moment either way.
 
         Call on the runtime's loop. Cancellation: the stop itself (intakes closed) has
         already happened; only the wait is abandoned.
         """
-        workers = self._request_stop()
-        if workers and not all(w.done.is_set() for w in workers):
-            try:
-                async with asyncio.timeout(deadline_s):
-                    await self._all_exited.wait()
-            except TimeoutError:
-                pass
+        deadline = self._loop.time() + deadline_s
+        workers = self._request_stop(drain=drain_s > 0)
+        if drain_s > 0 and not await self._wait_exited(workers, min(drain_s, deadline_s)):
+            for worker in workers:
+                worker.intake.close(drain=False)
+        await self._wait_exited(workers, deadline - self._loop.time())
         return self._missed(workers)
+
+    async def _wait_exited(self, workers: tuple[Worker, ...], timeout_s: float) -> bool:
+        """Wait up to ``timeout_s`` for every worker's exit post; True if all exited."""
+        if not workers or all(w.done.is_set() for w in workers):
+            return True
+        try:
+            async with asyncio.timeout(max(0.0, timeout_s)):
+                await self._all_exited.wait()
+        except TimeoutError:
+            return False
+        return True

@@ -87,19 +87,8 @@ class Hanger:
         return []
 
 
-class Sleeper:
-    """Sleeps ``SLEEP_S`` at its ``AT_FRAME``-th decoded video frame (a slow analyzer
-    moment): the frames the sender keeps sending meanwhile pile up in the intake."""
+class LateBlocker(Blocker):
+    """A :class:`Blocker` that holds at the 40th decoded video frame: the frames the
+    sender keeps sending meanwhile pile up in the intake until the test releases it."""
 
-    kinds = ("video",)
-    AT_FRAME = 40
-    SLEEP_S = 1.3
-
-    def __init__(self) -> None:
-        self.seen = 0
-
-    def process(self, frame: av.VideoFrame, meta: FrameMeta) -> list[tuple[str, dict[str, object]]]:
-        self.seen += 1
-        if self.seen == self.AT_FRAME:
-            block_release.wait(min(self.SLEEP_S, MAX_BLOCK_S))
-        return []
+    at_frame = 40

@@ -176,6 +176,46 @@ async def test_a_worker_that_hangs_past_the_deadline_is_reported() -> None:
     assert len(recorder.metas) == 1
 
 
+async def test_a_draining_stop_decodes_every_queued_frame() -> None:
+    """A clean end (the peer is gone) decodes what already arrived: the worker, held on
+    frame 0 while the rest queue up, is released after the stop began and still gets
+    every frame; nothing is dropped."""
+    loop = asyncio.get_running_loop()
+    recorder = Recorder(block=True)
+    runtime = SessionRuntime("s8", loop=loop, on_frame=recorder)
+    intake = _video()
+    runtime.start([intake])
+    for index, data in enumerate(h264_frames()):
+        intake.offer(H264, jitter(data, index))
+    assert await asyncio.to_thread(recorder.entered.wait, 5)
+    stop = asyncio.ensure_future(runtime.stop_async(10.0, drain_s=5.0))
+    await asyncio.sleep(0.05)
+    assert not stop.done() and intake.depth == FRAMES - 1  # draining, nothing discarded
+    recorder.gate.set()
+    assert await stop == []
+    assert len(recorder.metas) == FRAMES and intake.dropped_frames == 0
+    assert runtime.stats()["decode-video"].frames_decoded == FRAMES
+
+
+async def test_a_drain_that_runs_out_discards_the_rest_without_a_forced_shutdown() -> None:
+    """The drain is bounded: when it runs out, the queued frames are discarded (counted
+    as dropped) and a worker that then exits in time is not a forced shutdown."""
+    loop = asyncio.get_running_loop()
+    recorder = Recorder(block=True)
+    runtime = SessionRuntime("s9", loop=loop, on_frame=recorder)
+    intake = _video()
+    runtime.start([intake])
+    for index, data in enumerate(h264_frames()[:8]):
+        intake.offer(H264, jitter(data, index))
+    assert await asyncio.to_thread(recorder.entered.wait, 5)
+    loop.call_later(0.4, recorder.gate.set)  # after the drain (0.2 s), within the deadline
+    started = loop.time()
+    assert await runtime.stop_async(5.0, drain_s=0.2) == []
+    assert loop.time() - started < 4.0
+    assert intake.dropped_frames == 7 and len(recorder.metas) == 1
+    assert runtime.detached == []
+
+
 async def test_a_partial_start_stops_what_started_and_re_raises(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:

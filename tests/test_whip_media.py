@@ -494,7 +494,11 @@ async def test_decode_error_while_a_keyframe_is_queued_loses_no_decodable_frame(
     """A decode error makes the worker skip to the next keyframe and ask the intake to
     drop to one. When that keyframe is *already queued* (the worker lags, here because a
     processor is slow for 1.3 s), the frames arriving after it are decodable and must not
-    be dropped: the worker reaches the queued keyframe and resumes there."""
+    be dropped: the worker reaches the queued keyframe and resumes there.
+
+    The processor holds the worker at its 40th frame until the intake has queued the
+    keyframe at 60 and a few frames after it (a fixed sleep raced a publisher slowed
+    down by a loaded machine)."""
     rng = random.Random(7)
 
     def corrupt(loop: int, index: int, data: bytes, keyframe: bool) -> bytes | None:
@@ -504,19 +508,26 @@ async def test_decode_error_while_a_keyframe_is_queued_loses_no_decodable_frame(
 
     server = await start_server(
         pipeline__queue_depth=64,
-        pipeline__processors=["tests.media_processors:Sleeper"],
+        pipeline__processors=["tests.media_processors:LateBlocker"],
     )
     manager: SessionManager = server.app[SESSIONS_KEY]
     timeline: Timeline = server.app[TIMELINE_KEY]
     push = _start_push(server, TWO_SCENES, max_seconds=20, corrupt=corrupt)
     session = await _live_session(manager, push)
+    await _until(media_processors.blocked.is_set, 20, "the processor holds the worker")
+    (video,) = [intake for intake in session.intakes if intake.kind == "video"]
+    await _until(lambda: video.frames_in >= 64, 20, "keyframe 60 and more queued")
+    assert video.dropped_frames == 0
+    media_processors.block_release.set()
     result = await push
     assert result.corrupted == 1
     events = await _events_until(timeline, session.run_id, "session_closed")
     (final,) = [d for t, d in events if t == "stats" and d.get("final")]
     print(f"\nlagging resync: final {final}")
     assert final["decode_errors"] == 1, final
-    # Lost to the error: frames 40..59 (inter frames up to the keyframe at 60). Frames
-    # 60..178 (the last one stays in aiortc's jitter buffer) all decode.
+    # Lost to the error: frames 40..59 (the bad one and the inter frames up to the
+    # keyframe at 60). Every other frame that arrived decodes, including the backlog
+    # still queued when the publisher's DELETE closed the session (a clean close drains).
     assert final["frames_dropped"] == 0, final
-    assert final["frames_decoded"] >= 179 - 20 - 2, final
+    assert final["frames_skipped"] == 19, final
+    assert final["frames_decoded"] == final["frames_in"] - 20, final

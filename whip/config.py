@@ -260,6 +260,7 @@ class PipelineConfig:
     decode: DecodeMode = "all"
     codec_threads: int = 1
     join_deadline_s: float = 2.0
+    drain_s: float = 0.5
     stats_interval_s: float = 5.0
     analyze_audio: bool = True
     processors: tuple[str, ...] = ()
@@ -278,10 +279,21 @@ class PipelineConfig:
             0.1,
             60,
         ),
+        "drain_s": _Rule(
+            "on a clean close, how long the decode threads may keep decoding the frames "
+            "already queued before the rest are discarded (part of join_deadline_s, at "
+            "most half of it)",
+            0,
+            60,
+        ),
         "stats_interval_s": _Rule("seconds between stats events", 0.1, 3600),
         "analyze_audio": _Rule("decode audio tracks (audio_silence events)"),
         "processors": _Rule("extra frame processors, 'module:attribute'", check=_check_processors),
     }
+
+    def drain_budget_s(self) -> float:
+        """The drain a clean close grants (``drain_s``, capped at half the join deadline)."""
+        return min(self.drain_s, self.join_deadline_s / 2)
 
     def media_bytes(self, tracks: int) -> int:
         """Queue memory one session with ``tracks`` tracks reserves from the budget."""

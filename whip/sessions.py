@@ -546,7 +546,12 @@ class SessionManager:
         await self._close_peer_quietly(session.pc, f"session {session.session_id}")
         missed: list[str] = []
         if session.runtime is not None:
-            missed = await session.runtime.stop_async(self.config.pipeline.join_deadline_s)
+            # A clean end decodes what already arrived (bounded); a fault does not wait.
+            pipeline = self.config.pipeline
+            missed = await session.runtime.stop_async(
+                pipeline.join_deadline_s,
+                drain_s=0.0 if reason is CloseReason.FAULT else pipeline.drain_budget_s(),
+            )
         after = await session_stats(session)
         if session.analysis is not None and not missed:
             # The workers are joined: the analyzers' state is ours to read now.
