@@ -13,10 +13,13 @@ Memory bound: a queue holds at most ``depth`` frames of at most ``payload_limit`
 each, so queued payload <= ``depth x payload_limit``: the figure the session's media
 permit reserved per track (:func:`payload_limit_for`). Outside that bound, and not
 reserved: the one frame a worker is decoding, FFmpeg's reference frames, and aiortc's
-jitter buffer (at most 512 RTP packets for video, 16 for audio).
+jitter buffer (at most 512 RTP packets for video, 16 for audio; a datagram is at most
+1500 bytes, :mod:`pipeline.rtp_guard`).
 
 Dropping (video): a frame larger than ``payload_limit``, or one that meets a full queue,
-is dropped and counted, and a *drop episode* starts: every later frame is dropped until a
+is dropped and counted (an oversized one also as ``oversized_frames``: aiortc's jitter
+buffer bounds a frame to 512 RTP packets of at most 1500 bytes, about 750 KB, so a limit
+above that never fires), and a *drop episode* starts: every later frame is dropped until a
 keyframe fits, and ``on_need_keyframe()`` is called once at the start of the episode
 (the owner sends a PLI). If the keyframe that would end an episode is itself dropped
 (queue still full), a new episode starts and asks again: a sender that makes keyframes
@@ -26,8 +29,9 @@ worker can start an episode too (:meth:`FrameIntake.request_keyframe`, after a d
 error). Audio frames are all independently decodable: an audio drop loses that frame
 only and never asks for anything.
 
-aiortc private names touched (all in this module; :func:`check_tap_internals` verifies
-each at start-up and ``tests/test_intake.py`` fails loudly when one moves):
+aiortc private names touched (here and in :mod:`pipeline.rtp_guard`;
+:func:`check_tap_internals` verifies each at start-up and ``tests/test_intake.py`` fails
+loudly when one moves):
 
 - ``aiortc.rtcrtpreceiver.threading`` (module global, swapped for the duration of one
   synchronous ``receive()`` step) and ``aiortc.rtcrtpreceiver.decoder_worker``
@@ -43,6 +47,8 @@ each at start-up and ``tests/test_intake.py`` fails loudly when one moves):
 - ``aiortc.jitterbuffer.JitterFrame`` (``data``, ``timestamp``)
 - ours, added to the receiver: ``_whip_ingest_tap`` (the :class:`ReceiverTap`; a second
   :func:`install_tap` on the same receiver is refused)
+- and what :mod:`pipeline.rtp_guard` touches: :func:`install_tap` guards every receiver
+  it taps and its transport (hostile RTP refused or bounded, and counted)
 
 Threads: the tap, :meth:`FrameIntake.offer` and ``on_need_keyframe`` run on the event
 loop thread; :meth:`FrameIntake.get` runs on the one worker thread; :meth:`FrameIntake.close`
@@ -68,6 +74,7 @@ import aiortc.rtcrtpreceiver
 
 from pipeline.errors import IncompatibleAiortcError, TapNotInstalledError
 from pipeline.keyframes import is_keyframe
+from pipeline.rtp_guard import RtpGuard, guard_problems, guard_receiver
 
 logger = logging.getLogger(__name__)
 
@@ -141,6 +148,8 @@ class IntakeStats:
     delivered: int
     dropped_frames: int
     dropped_bytes: int
+    oversized_frames: int
+    """Of the dropped frames, those larger than ``payload_limit``."""
     empty_frames: int
     depth: int
     max_depth: int
@@ -194,6 +203,7 @@ class FrameIntake:
         self.delivered = 0
         self.dropped_frames = 0
         self.dropped_bytes = 0
+        self.oversized_frames = 0
         self.empty_frames = 0
         self.max_depth = 0
         self.keyframe_requests = 0
@@ -246,6 +256,8 @@ class FrameIntake:
                 self.max_depth = max(self.max_depth, len(self._queue))
                 self._cond.notify()
                 queued = True
+            if not queued and size > self.payload_limit:
+                self.oversized_frames += 1
             if ask:
                 self.keyframe_requests += 1
         if ask:
@@ -346,6 +358,7 @@ class FrameIntake:
                 delivered=self.delivered,
                 dropped_frames=self.dropped_frames,
                 dropped_bytes=self.dropped_bytes,
+                oversized_frames=self.oversized_frames,
                 empty_frames=self.empty_frames,
                 depth=len(self._queue),
                 max_depth=self.max_depth,
@@ -427,6 +440,7 @@ def _internals_problems() -> tuple[str, ...]:
     )
     jitter = aiortc.jitterbuffer.JitterFrame(b"\x01", 7)
     need(jitter.data == b"\x01" and jitter.timestamp == 7, "JitterFrame(data, timestamp)")
+    problems.extend(guard_problems())
     return tuple(problems)
 
 
@@ -530,6 +544,8 @@ class ReceiverTap:
         self._on_end = on_end
         self._on_error = on_error
         self.stand_in = _NoThread(f"{self.kind}-decoder (tapped: no thread)")
+        self.guard: RtpGuard | None = None
+        """The receiver's transport guard (:mod:`pipeline.rtp_guard`), set by install_tap."""
         self.frames = 0
         self.sink_errors = 0
         self.receiving = False
@@ -634,6 +650,8 @@ def install_tap(
     :class:`TapNotInstalledError` (and the exception is also raised into that task, which
     stops the receiver from starting). The owner should treat it as a session fault.
     The RemoteStreamTrack never gets a frame: nobody may ``recv()`` a tapped track.
+    The receiver and its DTLS transport are also guarded against hostile RTP
+    (:func:`pipeline.rtp_guard.guard_receiver`; the counters are ``tap.guard``).
 
     Raises :class:`IncompatibleAiortcError` if aiortc's internals moved, and
     :class:`TapNotInstalledError` if the receiver already started or is already tapped.
@@ -644,6 +662,7 @@ def install_tap(
     if getattr(receiver, _STARTED, True):
         raise TapNotInstalledError("receiver already started: tap it before it connects")
     tap = ReceiverTap(receiver, sink, on_end, on_error)
+    tap.guard = guard_receiver(receiver)
     original = receiver.receive
 
     async def receive(parameters: Any) -> None:

@@ -185,18 +185,32 @@ class ServerCollector(Collector):
             "session_packets_lost": CounterMetricFamily(
                 PREFIX + "session_packets_lost", "RTP packets lost", labels=labels
             ),
+            "session_frames_oversized": CounterMetricFamily(
+                PREFIX + "session_frames_oversized",
+                "frames dropped for exceeding the payload limit",
+                labels=labels,
+            ),
             "session_queue_depth": GaugeMetricFamily(
                 PREFIX + "session_queue_depth", "frames queued for decoding", labels=labels
             ),
         }
+        discarded = CounterMetricFamily(
+            PREFIX + "session_rtp_discarded",
+            "datagrams and RTP packets that never reached a frame, by reason",
+            labels=[*labels, "reason"],
+        )
         for s in self.live:
             key = [s.session_id, s.run_id, s.principal]
             families["session_bytes_in"].add_metric(key, s.bytes_in)
             families["session_frames_decoded"].add_metric(key, s.frames_decoded())
             families["session_frames_dropped"].add_metric(key, s.frames_dropped)
             families["session_packets_lost"].add_metric(key, s.packets_lost)
+            families["session_frames_oversized"].add_metric(key, s.frames_oversized)
             families["session_queue_depth"].add_metric(key, s.queue_depth)
+            for reason, count in s.rtp_discarded.items():
+                discarded.add_metric([*key, reason], count)
         yield from families.values()
+        yield discarded
 
 
 METRICS_KEY = web.AppKey("metrics", ServerCollector)

@@ -11,6 +11,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 
+from pipeline.rtp_guard import RtpGuard, guards_of
 from whip.session import WhipSession
 
 
@@ -30,10 +31,15 @@ class SessionStats:
     bytes_in: int = 0
     frames_in: int = 0
     frames_dropped: int = 0
+    frames_oversized: int = 0
+    """Of ``frames_dropped``, frames larger than the payload limit."""
     queue_depth: int = 0
     keyframe_requests: int = 0
     workers: int = 0
     tracks: dict[str, dict[str, object]] = field(default_factory=dict)
+    rtp_discarded: dict[str, int] = field(default_factory=lambda: RtpGuard().counts())
+    """Datagrams and RTP packets that never reached a frame, by reason
+    (:class:`pipeline.rtp_guard.RtpGuard`)."""
 
     def frames_decoded(self) -> int:
         """Decoded frames over all tracks."""
@@ -57,10 +63,12 @@ class SessionStats:
             "jitter": self.jitter,
             "bytes_in": self.bytes_in,
             "frames_dropped": self.frames_dropped,
+            "frames_oversized": self.frames_oversized,
             "queue_depth": self.queue_depth,
             "keyframe_requests": self.keyframe_requests,
             "workers": self.workers,
             "tracks": self.tracks,
+            "rtp_discarded": self.rtp_discarded,
         }
 
 
@@ -88,8 +96,12 @@ async def session_stats(session: WhipSession) -> SessionStats:
         stats.bytes_in += reading.bytes_in
         stats.frames_in += reading.frames_in
         stats.frames_dropped += reading.dropped_frames
+        stats.frames_oversized += reading.oversized_frames
         stats.queue_depth += reading.depth
         stats.keyframe_requests += reading.keyframe_requests
+    for guard in guards_of(t.receiver for t in session.pc.getTransceivers()):
+        for reason, count in guard.counts().items():
+            stats.rtp_discarded[reason] += count
     runtime = session.runtime
     if runtime is not None:
         stats.workers = sum(
