@@ -30,6 +30,7 @@ bench: $(STAMP)
 	$(BIN)/python bench/api.py > bench-api.json
 	$(BIN)/python bench/decode.py > bench-decode.json
 	$(BIN)/python bench/capacity.py > bench-capacity.json
+	$(BIN)/python bench/soak.py > bench-soak.json
 	@echo "figures in bench-*.json"
 
 lint: $(STAMP)

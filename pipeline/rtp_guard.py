@@ -62,7 +62,7 @@ import functools
 import inspect
 import logging
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import aiortc.rtcdtlstransport
@@ -96,6 +96,9 @@ class RtpGuard:
     rtp_unroutable: int = 0
     rtp_ssrc_refused: int = 0
     rtp_malformed: int = 0
+    routed_ssrcs: set[int] = field(default_factory=set)
+    """SSRCs a receiver took (at most :data:`MAX_SSRCS`): one of these that stops
+    routing lost its receiver to a close, which is not the sender's fault."""
 
     def counts(self) -> dict[str, int]:
         """The counters by reason (the ``reason`` label of the session metrics)."""
@@ -187,7 +190,11 @@ def _count_routing(router: Any, guard: RtpGuard) -> None:
             )
             return None
         found = route(packet)
-        if found is None:
+        if found is not None:
+            guard.routed_ssrcs.add(packet.ssrc)
+        elif packet.ssrc in table or packet.ssrc not in guard.routed_ssrcs:
+            # (Not counted: an SSRC that routed before and has left the table, i.e. aiortc
+            # unregistered its receiver while closing the peer and media still arrives.)
             guard.rtp_unroutable += 1
             guard._first(
                 guard.rtp_unroutable,
