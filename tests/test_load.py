@@ -3,16 +3,21 @@ long-pollers following live runs.
 
 Everything goes over real HTTP to a real in-process server on 127.0.0.1 (the
 ``whip_servers`` fixture) with real SDP offers from aiortc peers or real FFmpeg WHIP
-pushes. The figures each test measures (refusal latency percentiles, the worst
-``/healthz`` answer, wall times) are printed; run with ``-s`` to see them.
+pushes. In the burst, what would be other machines runs in other processes (the POST
+client ``bench/load.py``; the publishers holding the offers and the ``/healthz`` prober,
+``tests/load_procs.py``), so the server's event loop, garbage collector and GIL carry
+only the server. The figures each test measures (refusal latency percentiles, the
+``/healthz`` answers, wall times) are printed; run with ``-s`` to see them.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import functools
 import json
+import os
 import sys
 import time
 from collections import Counter, defaultdict
@@ -28,13 +33,14 @@ from aiohttp.test_utils import TestServer
 
 import whip.config
 from registry.events import Event, NewEvent
-from tests.whip_peers import AiortcPublisher, ffmpeg_whip_push
+from tests.whip_peers import ffmpeg_whip_push
 from whip.app import TIMELINE_KEY
 from whip.auth import hash_token
 from whip.routes_whip import SESSIONS_KEY
 from whip.sessions import SessionManager
 
-LOAD_CLIENT = Path(__file__).parent.parent / "bench" / "load.py"
+ROOT = Path(__file__).parent.parent
+LOAD_CLIENT = ROOT / "bench" / "load.py"
 BIG_BUDGET = {"limits__media_budget_bytes": 1 << 40, "limits__media_budget_threads": 4096}
 """A media budget that never binds (so the session cap is what refuses, exactly)."""
 
@@ -124,17 +130,41 @@ async def http() -> AsyncIterator[aiohttp.ClientSession]:
     await session.close()
 
 
-@pytest.fixture
-async def peers() -> AsyncIterator[Callable[[], AiortcPublisher]]:
-    """Make aiortc publishers; every one is closed at teardown."""
-    made: list[AiortcPublisher] = []
+def tail(log: Path) -> str:
+    """The end of a helper process's log (for a failure message)."""
+    return log.read_text(errors="replace")[-3000:]
 
-    def make() -> AiortcPublisher:
-        made.append(AiortcPublisher())
-        return made[-1]
 
-    yield make
-    await asyncio.gather(*(p.close() for p in made), return_exceptions=True)
+@contextlib.asynccontextmanager
+async def load_proc(log: Path, *args: str, ready_s: float = 60) -> AsyncIterator[None]:
+    """``python -m tests.load_procs *args``, from its ``ready`` line until the block ends;
+    then its stdin is closed and it must exit 0 (bounded; killed otherwise). Its stderr
+    goes to ``log``."""
+    with log.open("wb") as errors:
+        process = await asyncio.create_subprocess_exec(
+            sys.executable,
+            "-m",
+            "tests.load_procs",
+            *args,
+            cwd=ROOT,
+            stdin=asyncio.subprocess.PIPE,
+            stdout=asyncio.subprocess.PIPE,
+            stderr=errors,
+        )
+    assert process.stdin is not None and process.stdout is not None
+    try:
+        async with asyncio.timeout(ready_s):
+            line = await process.stdout.readline()
+        assert line == b"ready\n", (line, tail(log))
+        yield
+        process.stdin.close()
+        async with asyncio.timeout(30):
+            await process.wait()
+        assert process.returncode == 0, tail(log)
+    finally:
+        if process.returncode is None:
+            process.kill()
+            await process.wait()
 
 
 # ------------------------------------------------------------------ 1. the POST burst
@@ -143,8 +173,9 @@ PRINCIPALS = 5
 POSTS_PER_PRINCIPAL = 100
 STREAM_LIMIT = 30
 MAX_SESSIONS = 100
-HEALTH_EVERY_S = 0.020
-HEALTH_P99_S = 0.100
+HEALTH_EVERY_S = 0.010
+HEALTH_MS = 100.0
+"""Every ``/healthz`` answer during the burst, as an outside client sees it (issue 6)."""
 
 
 @dataclass
@@ -181,7 +212,10 @@ async def sample_table(manager: SessionManager, stop: asyncio.Event, out: Sample
 async def poll_health(
     http: aiohttp.ClientSession, url: str, stop: asyncio.Event, latencies: list[float]
 ) -> None:
-    """GET /healthz every 20 ms until ``stop``; each answer's latency is recorded."""
+    """GET /healthz from the server's own loop every 10 ms until ``stop``; each answer's
+    latency is recorded. Client and server share the loop here, so each answer waits
+    for about twice as many loop iterations as an outside client's: a measure of the
+    loop's own lag, reported next to the outside prober's."""
     while not stop.is_set():
         started = time.monotonic()
         async with http.get(url) as response:
@@ -193,12 +227,11 @@ async def poll_health(
 
 async def test_500_concurrent_posts_respect_the_session_cap_and_stream_limits(
     whip_servers: Callable[..., Any],
-    peers: Callable[[], AiortcPublisher],
     http: aiohttp.ClientSession,
     tmp_path: Path,
 ) -> None:
     async with keepalive_client() as probing:
-        await _burst(whip_servers, peers, http, probing, tmp_path)
+        await _burst(whip_servers, http, probing, tmp_path)
 
 
 async def post_all_elsewhere(
@@ -246,7 +279,6 @@ async def post_all_elsewhere(
 
 async def _burst(
     whip_servers: Callable[..., Any],
-    peers: Callable[[], AiortcPublisher],
     http: aiohttp.ClientSession,
     probing: aiohttp.ClientSession,
     tmp_path: Path,
@@ -265,34 +297,36 @@ async def _burst(
     )
     manager = manager_of(server)
     total = PRINCIPALS * POSTS_PER_PRINCIPAL
-
-    # Real, distinct, video-only offers, made before any timing (50 at a time).
-    clock = time.monotonic()
-    publishers = [peers() for _ in range(total)]
-    offers: list[str] = []
-    for start in range(0, total, 50):
-        offers += await asyncio.gather(
-            *(p.offer(audio=False) for p in publishers[start : start + 50])
-        )
-    assert len(set(offers)) == total
-    offer_s = time.monotonic() - clock
-
     posts = [Post(principal=i % PRINCIPALS) for i in range(total)]
     whip_url = server.make_url("/whip")
-
-    stop = asyncio.Event()
-    samples = Samples()
-    health: list[float] = []
-    sampler = asyncio.create_task(sample_table(manager, stop, samples))
     health_url = server.make_url("/healthz")
-    await warm(probing, health_url, 1)
-    pollers = [asyncio.create_task(poll_health(probing, str(health_url), stop, health))]
-    overflows = listen_overflows()
-    burst_s = await post_all_elsewhere(tmp_path, whip_url, offers, tokens, posts)
-    overflows = listen_overflows() - overflows
-    await asyncio.sleep(0.1)
-    stop.set()
-    await asyncio.gather(sampler, *pollers)
+
+    # Real, distinct, video-only offers, made before any timing by publishers in another
+    # process, which stay open (their ICE endpoints answer) until the burst is over.
+    clock = time.monotonic()
+    offers_path = tmp_path / "offers.json"
+    async with load_proc(tmp_path / "offers.log", "offers", str(total), str(offers_path)):
+        offers: list[str] = json.loads(offers_path.read_text())
+        assert len(set(offers)) == total
+        offer_s = time.monotonic() - clock
+
+        stop = asyncio.Event()
+        samples = Samples()
+        health: list[float] = []
+        sampler = asyncio.create_task(sample_table(manager, stop, samples))
+        await warm(probing, health_url, 1)
+        pollers = [asyncio.create_task(poll_health(probing, str(health_url), stop, health))]
+        probe_path = tmp_path / "probe.json"
+        probe_args = ("probe", str(health_url), str(probe_path), "--every", str(HEALTH_EVERY_S))
+        async with load_proc(tmp_path / "probe.log", *probe_args):
+            overflows = listen_overflows()
+            burst_s = await post_all_elsewhere(tmp_path, whip_url, offers, tokens, posts)
+            overflows = listen_overflows() - overflows
+            await asyncio.sleep(0.1)
+        stop.set()
+        await asyncio.gather(sampler, *pollers)
+    probed = json.loads(probe_path.read_text())
+    assert set(probed["statuses"]) == {"200"}, probed["statuses"]
 
     statuses = Counter(p.status for p in posts)
     codes = Counter((p.status, p.code) for p in posts if p.status != 201)
@@ -302,7 +336,8 @@ async def _burst(
     by_code: dict[str, list[float]] = defaultdict(list)
     for p in refused:
         by_code[p.code].append(p.latency_s * 1000)
-    health_ms = [s * 1000 for s in health]
+    health_ms: list[float] = probed["latencies_ms"]
+    inproc_ms = [s * 1000 for s in health]
     report(
         "500 POSTs",
         offers_s=offer_s,
@@ -321,6 +356,10 @@ async def _burst(
         healthz_p50_ms=percentile(health_ms, 0.50),
         healthz_p99_ms=percentile(health_ms, 0.99),
         healthz_max_ms=max(health_ms, default=0.0),
+        inproc_healthz_n=len(inproc_ms),
+        inproc_healthz_p50_ms=percentile(inproc_ms, 0.50),
+        inproc_healthz_p99_ms=percentile(inproc_ms, 0.99),
+        inproc_healthz_max_ms=max(inproc_ms, default=0.0),
     )
     for code, values in sorted(by_code.items()):
         report(
@@ -343,18 +382,20 @@ async def _burst(
     assert samples.max_total <= MAX_SESSIONS
     assert max(samples.max_per_principal.values()) <= STREAM_LIMIT, samples.max_per_principal
     assert len({p.run_id for p in accepted}) == len({p.location for p in accepted}) == 100
-    # Refusals are quick (seconds at worst, never a timeout). /healthz: the requirement
-    # is < 100 ms per answer; on a 2-core machine one event loop serving a 500-request
-    # burst stalls for ~0.2-0.4 s at its peak (see the printed max), so the typical
-    # answer is asserted under 100 ms and the worst under 1 s (no stall of the order of
-    # a SYN retransmission or a blocked loop).
+    # Refusals are quick (seconds at worst, never a timeout). /healthz, as the outside
+    # prober sees it: the requirement is every answer under 100 ms; asserted for 99% of
+    # them (the printed max is the worst; on a shared 2-core machine the OS can
+    # deschedule the whole process for longer than that). The in-process prober shares
+    # the server's loop: only a blocked loop (a second, a SYN retransmission) fails it.
     assert percentile(refusal_ms, 0.99) < 5_000
-    assert len(health_ms) > 10
-    assert percentile(health_ms, 0.50) < HEALTH_P99_S * 1000, sorted(health_ms)
-    assert max(health_ms) < 1000, sorted(health_ms)[-10:]
+    assert len(health_ms) > 50
+    worst = sorted(health_ms)[-10:]
+    assert percentile(health_ms, 0.99) < HEALTH_MS, (worst, "load", os.getloadavg())
+    assert len(inproc_ms) > 10
+    assert max(inproc_ms) < 1000, sorted(inproc_ms)[-10:]
 
-    # Release everything: client peers closed, sessions DELETEd, the manager shut down.
-    await asyncio.gather(*(p.close() for p in publishers))
+    # Release everything: client peers closed (above), sessions DELETEd, the manager
+    # shut down.
     headers_of = {i: {"Authorization": f"Bearer {tokens[i]}"} for i in range(PRINCIPALS)}
 
     async def delete(record: Post) -> int:

@@ -23,6 +23,7 @@ from typing import Any
 import aiohttp
 import pytest
 from aiohttp.test_utils import TestServer
+from aiortc import RTCPeerConnection
 from aiortc.rtcdtlstransport import RTCCertificate, generate_certificate
 from cryptography.hazmat.primitives.asymmetric import ec, rsa
 
@@ -32,7 +33,7 @@ from tests.servers import wait_for_type
 from tests.whip_peers import AiortcPublisher
 from whip.app import TIMELINE_KEY
 from whip.routes_whip import SESSIONS_KEY
-from whip.rtc_hooks import WideCipherCertificate
+from whip.rtc_hooks import WideCipherCertificate, use_wide_certificate
 from whip.session import WhipSession
 from whip.sessions import SessionManager
 
@@ -261,3 +262,20 @@ async def test_stock_certificate_cannot_serve_rsa_publisher_as_dtls_client(
         ]
     assert len(manager.table) == 0
     assert manager.budget.figures().bytes_reserved == 0
+
+
+async def test_each_peer_connection_keeps_its_own_certificate() -> None:
+    """The wide-cipher certificate is the pair aiortc generated for that peer connection
+    (no second generation per POST), so every session keeps its own DTLS identity."""
+    pcs = [RTCPeerConnection() for _ in range(2)]
+    try:
+        own = [pc._RTCPeerConnection__certificates for pc in pcs]  # type: ignore[attr-defined]
+        for pc in pcs:
+            use_wide_certificate(pc)
+        wide = [pc._RTCPeerConnection__certificates for pc in pcs]  # type: ignore[attr-defined]
+        assert [len(c) for c in wide] == [1, 1]
+        assert all(type(c[0]) is WideCipherCertificate for c in wide)
+        assert [(c[0]._key, c[0]._cert) for c in wide] == [(c[0]._key, c[0]._cert) for c in own]
+        assert wide[0][0].getFingerprints() != wide[1][0].getFingerprints()
+    finally:
+        await asyncio.gather(*(pc.close() for pc in pcs))

@@ -13,6 +13,7 @@ import inspect
 import aioice
 import aioice.ice
 import aiortc
+import aiortc.rate
 import aiortc.rtcdtlstransport
 import aiortc.rtcicetransport
 import aiortc.rtcrtpreceiver
@@ -60,6 +61,18 @@ def check_internals() -> None:
     )
     pc_src = inspect.getsource(aiortc.RTCPeerConnection.__init__)
     need("self.__certificates" in pc_src, "RTCPeerConnection.__certificates")
+    cert_src = inspect.getsource(cert.__init__)
+    need("self._key = key" in cert_src and "self._cert = cert" in cert_src, "RTCCertificate._key")
+    rate = aiortc.rate
+    need(
+        "RateCounter(1000, 8000)" in inspect.getsource(rate.RemoteBitrateEstimator.__init__),
+        "aiortc.rate.RemoteBitrateEstimator.incoming_bitrate",
+    )
+    # aiortc's own class, also once whip.rtc_hooks.compact_rate_counters replaced it
+    aiortc_counter = next(c for c in rate.RateCounter.__mro__ if c.__module__ == rate.__name__)
+    counter_src = inspect.getsource(aiortc_counter)
+    for name in ("_origin_index", "_origin_ms", "_scale", "_window_size"):
+        need(f"self.{name} =" in counter_src, f"aiortc.rate.RateCounter.{name}")
     receiver = aiortc.rtcrtpreceiver.RTCRtpReceiver
     recv_src = inspect.getsource(receiver)
     for name in ("__decoder_queue", "__decoder_thread", "__remote_streams", "__started"):

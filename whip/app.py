@@ -1,16 +1,19 @@
 """The aiohttp application: state keys, startup and cleanup, routes.
 
-Startup order: open the timeline (recovery, off the loop), then the session manager.
-Cleanup runs in reverse: live sessions are closed (``session_closed`` reason
-``shutdown``, durable), then the timeline is flushed and closed. Cleanup failures are
+Startup order: the process-wide aiortc hook of :func:`whip.rtc_hooks.compact_rate_counters`,
+open the timeline (recovery, off the loop), the session manager, then (``server.gc_freeze``)
+the start-up heap is frozen out of garbage collection. Cleanup runs in reverse: the heap
+is unfrozen, live sessions are closed (``session_closed`` reason ``shutdown``, durable),
+then the timeline is flushed and closed. Cleanup failures are
 collected and logged, not swallowed silently.
 """
 
 from __future__ import annotations
 
 import asyncio
+import gc
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 
 from aiohttp import web
 
@@ -22,6 +25,7 @@ from whip.middleware import error_middleware
 from whip.ratelimit import LIMITER_KEY, RequestLimiter
 from whip.routes_api import add_api_routes
 from whip.routes_whip import AUTH_KEY, SESSIONS_KEY, add_routes
+from whip.rtc_hooks import compact_rate_counters
 from whip.sessions import SessionManager
 
 logger = logging.getLogger(__name__)
@@ -66,14 +70,35 @@ def timeline_config(config: Config) -> TimelineConfig:
     )
 
 
+def freeze_startup_heap() -> Callable[[], None]:
+    """Collect once, then exempt every surviving object from later garbage collections
+    (``gc.freeze``, process-wide); returns the undo (``gc.unfreeze``).
+
+    Why: a full collection scans every tracked object and holds the event loop while it
+    does (~0.5 us per object here). What start-up allocated (modules: aiortc, PyAV,
+    aiohttp; the recovered registry) lives as long as the process; frozen, it is never
+    scanned again. Measured in the 500-POST burst: the one full collection went from
+    70-225 ms to 17-50 ms. Objects frozen here that later become cyclic garbage are
+    reclaimed only after the undo (at cleanup). Blocking (one full collection): called
+    before the server listens.
+    """
+    gc.collect()
+    gc.freeze()
+    return gc.unfreeze
+
+
 async def _lifecycle(app: web.Application) -> AsyncIterator[None]:
     config = app[CONFIG_KEY]
+    compact_rate_counters()
     timeline = await asyncio.to_thread(Timeline.open, timeline_config(config))
     app[TIMELINE_KEY] = timeline
     manager = SessionManager(config, timeline)
     app[SESSIONS_KEY] = manager
     metrics.install(app, manager, timeline)
+    unfreeze = freeze_startup_heap() if config.server.gc_freeze else None
     yield
+    if unfreeze is not None:
+        unfreeze()
     errors: list[BaseException] = []
     try:
         await manager.shutdown()

@@ -159,6 +159,7 @@ class ServerConfig:
     public_hosts: tuple[str, ...] = ()
     ice_servers: tuple[IceServer, ...] = ()
     reconnect: ReconnectPolicy = "supersede"
+    gc_freeze: bool = True
 
     RULES: ClassVar[dict[str, _Rule]] = {
         "host": _Rule("address to listen on", check=_check_host),
@@ -169,6 +170,11 @@ class ServerConfig:
         ),
         "ice_servers": _Rule("STUN/TURN URLs, or tables {url, username, credential}"),
         "reconnect": _Rule("a push to a live stream: supersede the old session, or reject (409)"),
+        "gc_freeze": _Rule(
+            "after start-up, exempt what start-up allocated (modules, recovered registry) "
+            "from garbage collection (gc.freeze), so a full collection scans only what "
+            "came after"
+        ),
     }
 
 
@@ -193,6 +199,8 @@ class LimitsConfig:
     max_header_bytes: int = 8 * KiB
     body_timeout_s: float = 10.0
     keepalive_timeout_s: float = 30.0
+    sdp_checks_per_turn: int = 8
+    negotiation_concurrency: int = 2
 
     RULES: ClassVar[dict[str, _Rule]] = {
         "max_sessions": _Rule("live sessions, process-wide", 1, 100_000),
@@ -246,6 +254,19 @@ class LimitsConfig:
             "an idle connection, or one still sending its headers, is closed after this long",
             1,
             3600,
+        ),
+        "sdp_checks_per_turn": _Rule(
+            "WHIP offers checked per event-loop iteration; the others wait for a later one, "
+            "so a burst of POSTs cannot hold the loop",
+            1,
+            1024,
+        ),
+        "negotiation_concurrency": _Rule(
+            "WHIP negotiations (peer connection, answer) run at once; the others wait, "
+            "holding their reservations (one that waits long, e.g. resolving an mDNS "
+            "candidate, lets the next one start)",
+            1,
+            1024,
         ),
     }
 

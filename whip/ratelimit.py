@@ -32,6 +32,8 @@ Rules:
   mark (128 KiB) cannot finish buffering and is answered 408 at the deadline.
   Trickled headers are bounded by aiohttp's ``keepalive_timeout``
   (``limits.keepalive_timeout_s``), which also runs before a connection's first request.
+  A body the parser has already failed on (a content coding that does not decode) is
+  not waited for: its error is raised at once (400 ``bad_body`` from the middleware).
 """
 
 from __future__ import annotations
@@ -267,6 +269,9 @@ async def _await_body(request: web.Request, timeout_s: float) -> asyncio.TimerHa
     content = request.content
     if request.method not in ("POST", "PATCH") or content.is_eof():
         return None
+    failed = content.exception()
+    if failed is not None:  # the parser already failed on the body (wait_eof would hang)
+        raise failed
     length = request.content_length
     if length is not None and length > PREBUFFER_MAX_BYTES:
         loop = asyncio.get_running_loop()

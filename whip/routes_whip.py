@@ -3,7 +3,9 @@
 - ``POST /whip`` and ``POST /whip/{stream}``: checks before any resource is taken
   (auth, Content-Type, size, SDP syntax, something receivable), then the detached
   session transaction; 201 with the answer, ``Location``, ``ETag``, ``X-Run-Id`` and
-  ``Link`` headers.
+  ``Link`` headers. An offer aiortc refuses (its parser, first, then its checks in the
+  transaction: it is stricter than :func:`whip.sdp.check_offer`, e.g. on ``a=rtcp-mux``
+  or on sections the plan rejects) is 422 ``unprocessable_offer``, not a 500.
 - ``DELETE /whip/sessions/{id}``: closes the session (reason ``deleted``); a repeat is
   200 from the reclaimed-session tombstone; an id never seen is 404.
 - ``PATCH /whip/sessions/{id}``: trickle ICE (204); an ICE restart gets 422.
@@ -18,13 +20,21 @@ import re
 import time
 
 from aiohttp import web
+from aiortc import sdp as aiortc_sdp
+from aiortc.exceptions import OperationError
 
 from registry.errors import RegistryError
 from whip.auth import Authenticator, Principal, Role
 from whip.cors import add_cors
 from whip.errors import HttpError
+from whip.middleware import json_error_prepare
 from whip.ratelimit import guarded
-from whip.sdp import check_content_type, check_offer
+from whip.sdp import (
+    SdpTooLargeError,
+    UnprocessableOfferError,
+    check_content_type,
+    check_offer,
+)
 from whip.session import CloseReason
 from whip.sessions import SessionManager, admission_outcome
 from whip.trickle import CONTENT_TYPE as TRICKLE_CONTENT_TYPE
@@ -44,6 +54,40 @@ _cors = add_cors
 
 def _principal(request: web.Request) -> Principal:
     return request.app[AUTH_KEY].require(request.headers.get("Authorization"), Role.PUBLISHER)
+
+
+async def _read_body(request: web.Request, limit: int, too_large: HttpError) -> bytes:
+    """The body, read to its end but never past ``limit + 1`` bytes (the checks then see
+    it is too large). A declared ``Content-Length`` above ``limit`` raises ``too_large``
+    without reading: ``content.read(n)`` answers with what has arrived so far, so one
+    read of a large body still on its way would be judged by its first packet.
+
+    Cancellation: what was read is dropped.
+    """
+    length = request.content_length
+    if length is not None and length > limit:
+        raise too_large
+    body = b""
+    while len(body) <= limit:
+        chunk = await request.content.read(limit + 1 - len(body))
+        if not chunk:
+            break
+        body += chunk
+    return body
+
+
+def _check_aiortc_parses(offer: str) -> None:
+    """422 unless aiortc's own SDP parser takes ``offer`` (it is pure: nothing is taken).
+
+    The parser raises on offers :func:`whip.sdp.check_offer` accepts (an ``a=fmtp`` for
+    a payload type with no ``a=rtpmap`` ends in ``StopIteration``, ...), and would do so
+    inside the session transaction as an unexpected error (500).
+    """
+    try:
+        aiortc_sdp.SessionDescription.parse(offer)
+    except Exception as exc:
+        logger.info("offer refused by aiortc's SDP parser: %r", exc)
+        raise UnprocessableOfferError(f"offer refused by the WebRTC stack: {exc!r}") from exc
 
 
 @guarded
@@ -72,9 +116,20 @@ async def _post_whip(request: web.Request) -> web.StreamResponse:
     check_content_type(request.headers.get("Content-Type"))
     manager = request.app[SESSIONS_KEY]
     limit = manager.config.limits.sdp_max_bytes
-    body = await request.content.read(limit + 1)
+    too_large = SdpTooLargeError(f"SDP is {request.content_length} bytes, the limit is {limit}")
+    body = await _read_body(request, limit, too_large)
+    await manager.check_turns.turn()  # no await between the turn and the check
     summary = check_offer(body, max_bytes=limit)
-    admitted = await manager.admit(principal.name, stream, body.decode("utf-8"), summary, posted_at)
+    offer = body.decode("utf-8")
+    _check_aiortc_parses(offer)
+    try:
+        admitted = await manager.admit(principal.name, stream, offer, summary, posted_at)
+    except (ValueError, OperationError) as exc:
+        # aiortc refused an offer that passed check_offer: it wants rtcp-mux and ICE
+        # credentials on every m= section and a codec it knows in each, the sections our
+        # plan rejects included. The transaction has released what it took.
+        logger.warning("%s %s: offer refused by aiortc: %r", principal.name, stream, exc)
+        raise UnprocessableOfferError(f"offer refused by the WebRTC stack: {exc}") from exc
     session = admitted.session
     manager.post_latency.observe(time.monotonic() - posted_at)
     logger.info(
@@ -137,7 +192,10 @@ async def patch_session(request: web.Request) -> web.StreamResponse:
     if_match = request.headers.get("If-Match")
     if if_match is not None and if_match.strip() not in ("*", session.etag):
         raise HttpError("stale entity tag", status=412, code="precondition_failed")
-    body = await request.content.read(MAX_FRAGMENT_BYTES + 1)
+    too_large = HttpError(
+        f"fragment larger than {MAX_FRAGMENT_BYTES} bytes", status=413, code="payload_too_large"
+    )
+    body = await _read_body(request, MAX_FRAGMENT_BYTES, too_large)
     fragment = parse_fragment(body)
     await manager.trickle(session, fragment)
     return _cors(request, web.Response(status=204, headers={"ETag": session.etag}))
@@ -170,7 +228,9 @@ async def session_reserved(request: web.Request) -> web.StreamResponse:
 
 
 def add_routes(app: web.Application) -> None:
-    """Register the WHIP routes."""
+    """Register the WHIP routes (and the error-shape hook of :mod:`whip.middleware`, for
+    answers aiohttp makes outside the middleware chain)."""
+    app.on_response_prepare.append(json_error_prepare)
     for path in ("/whip", "/whip/{stream}"):
         app.router.add_post(path, post_whip)
         app.router.add_route("OPTIONS", path, options_whip)

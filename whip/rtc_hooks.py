@@ -15,6 +15,10 @@ them all at start-up. Why each exists (with measurements) is in ``docs/INTEROP.m
   (~33 s for FFmpeg, which never answers them). Authenticated inbound media (counted
   after SRTP unprotect, so spoofed datagrams do not count) or a consent answer is proof
   of life; none for ``timeout_s`` closes the ICE connection.
+- :func:`compact_rate_counters`: every video receiver's bitrate estimator keeps a 1000
+  bucket window as 1000 small objects (allocated twice: at creation and on the first
+  packet). Under a burst of POSTs they are most of what the garbage collector scans. The
+  same counter over two lists of ints allocates 2 objects instead. Process-wide.
 """
 
 from __future__ import annotations
@@ -27,6 +31,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import aioice.ice
+import aiortc.rate
 from aioice import stun
 from aiortc import RTCPeerConnection
 from aiortc.rtcdtlstransport import RTCCertificate
@@ -69,6 +74,85 @@ def restrict_host_addresses(addresses: Iterable[str]) -> None:
     aioice.ice.get_host_addresses = host_addresses
 
 
+class CompactRateCounter(aiortc.rate.RateCounter):
+    """aiortc's ``RateCounter`` (amounts in 1 ms buckets over a window) with the buckets
+    kept in two lists of ints instead of one ``RateBucket`` object each.
+
+    Same answers for the same calls (``tests/test_whip_rate_counter.py`` runs both side by
+    side). One difference in cost only: a gap longer than the window clears the buckets
+    at once instead of stepping through every millisecond of the gap (aiortc's does: a
+    minute of silence costs 60,000 passes of a Python loop, on the event loop).
+    """
+
+    def __init__(self, window_size: int, scale: int = 8000) -> None:
+        self._counts: list[int] = []
+        self._values: list[int] = []
+        self._total_count = 0
+        self._total_value = 0
+        super().__init__(window_size, scale)
+
+    def add(self, value: int, now_ms: int) -> None:
+        if self._origin_ms is None:
+            self._origin_ms = now_ms
+        else:
+            self._erase_old(now_ms)
+        index = (self._origin_index + now_ms - self._origin_ms) % self._window_size
+        self._counts[index] += 1
+        self._values[index] += value
+        self._total_count += 1
+        self._total_value += value
+
+    def rate(self, now_ms: int) -> int | None:
+        if self._origin_ms is not None:
+            self._erase_old(now_ms)
+            active_window_size = now_ms - self._origin_ms + 1
+            if self._total_count > 0 and active_window_size > 1:
+                return round(self._scale * self._total_value / active_window_size)
+        return None
+
+    def reset(self) -> None:
+        self._counts = [0] * self._window_size
+        self._values = [0] * self._window_size
+        self._origin_index = 0
+        self._origin_ms = None
+        self._total_count = 0
+        self._total_value = 0
+
+    def _erase_old(self, now_ms: int) -> None:
+        assert self._origin_ms is not None
+        steps = now_ms - self._window_size + 1 - self._origin_ms
+        if steps <= 0:
+            return
+        window = self._window_size
+        if steps >= window:
+            # Every bucket leaves the window; the totals are the buckets' sums.
+            self._counts = [0] * window
+            self._values = [0] * window
+            self._total_count = 0
+            self._total_value = 0
+        else:
+            counts, values = self._counts, self._values
+            index = self._origin_index
+            for _ in range(steps):
+                self._total_count -= counts[index]
+                self._total_value -= values[index]
+                counts[index] = 0
+                values[index] = 0
+                index = (index + 1) % window
+        self._origin_index = (self._origin_index + steps) % window
+        self._origin_ms += steps
+
+
+def compact_rate_counters() -> None:
+    """Make aiortc's receive-side bitrate estimators use :class:`CompactRateCounter`
+    (process-wide, idempotent).
+
+    Touches ``aiortc.rate.RateCounter`` (looked up at call time by
+    ``RemoteBitrateEstimator.__init__``).
+    """
+    aiortc.rate.RateCounter = CompactRateCounter  # type: ignore[misc]
+
+
 class WideCipherCertificate(RTCCertificate):
     """An ECDSA certificate whose DTLS context also offers ECDHE-RSA suites.
 
@@ -82,12 +166,17 @@ class WideCipherCertificate(RTCCertificate):
 
 
 def use_wide_certificate(pc: RTCPeerConnection) -> None:
-    """Give ``pc`` a :class:`WideCipherCertificate` (before any transceiver exists).
+    """Make ``pc``'s certificate a :class:`WideCipherCertificate` (before any transceiver
+    exists).
 
-    Touches ``RTCPeerConnection.__certificates``.
+    The key and certificate are the ones aiortc generated for ``pc`` in its constructor
+    (a fresh ECDSA P-256 pair per peer connection): only the class changes, so each
+    session keeps its own DTLS identity and no second pair is generated.
+    Touches ``RTCPeerConnection.__certificates``, ``RTCCertificate._key`` and ``._cert``.
     """
+    own = pc._RTCPeerConnection__certificates  # type: ignore[attr-defined]
     pc._RTCPeerConnection__certificates = [  # type: ignore[attr-defined]
-        WideCipherCertificate.generateCertificate()
+        WideCipherCertificate(key=cert._key, cert=cert._cert) for cert in own
     ]
 
 
