@@ -29,9 +29,21 @@ Everything runs on one host (publishers and server share its CPUs: see ``host.cp
 Clips: libx264 baseline, no B-frames, GOP 30, 30 fps, 10 s, synthetic motion, made in a
 temp dir at start.
 
+Memory per session (``--memory``, instead of the sweep): for each N of ``--steps``
+(default 4, 8), twice on a fresh server: N *idle* sessions (aiortc publishers in one
+process, a video track that never sends a frame: connected, consent-checked, no media)
+and N sessions *pushing* the 720p30 clip. The server's RSS (VmRSS) is read at rest,
+after one warm-up session of the same kind opened and closed (one-time costs), with the
+N sessions (idle: median over 3 s; push: median of samples from 4 s after all connected
+to 2 s before the end, and the max), and after they closed. Per session: (with N - at
+rest) / N; marginal: the slope between the smallest and the largest N. The media
+permit each session reserves (``/metrics``) is reported beside it: the reservation
+bounds the queued payload, not the decoder's frames or aiortc's state.
+
 Usage::
 
     .venv/bin/python bench/capacity.py            # full sweep (about 10-15 min)
+    .venv/bin/python bench/capacity.py --memory --memory-repeats 3   # about 8 min
     .venv/bin/python bench/capacity.py --quick    # one small step per configuration
     .venv/bin/python bench/capacity.py --only 720p:keyframes --steps 16,24,32
 """
@@ -134,6 +146,58 @@ out["cpu_s"] = round(ru.ru_utime + ru.ru_stime, 3)
 out["wall_s"] = round(time.monotonic() - t0, 3)
 print(json.dumps(out), flush=True)
 """
+
+
+IDLE_PUBLISHERS = r"""
+import asyncio, json, sys
+import aiohttp
+import aioice.ice
+from aiortc import MediaStreamTrack, RTCConfiguration, RTCPeerConnection, RTCSessionDescription
+aioice.ice.get_host_addresses = lambda use_ipv4, use_ipv6: ["127.0.0.1"] if use_ipv4 else []
+base, n, prefix = sys.argv[1], int(sys.argv[2]), sys.argv[3]
+
+class Silent(MediaStreamTrack):
+    # A connected video publisher that never produces a frame (a paused camera).
+    kind = "video"
+    async def recv(self):
+        await asyncio.Event().wait()
+
+async def one(http, i):
+    pc = RTCPeerConnection(RTCConfiguration(iceServers=[]))
+    pc.addTransceiver(Silent(), direction="sendonly")
+    done = asyncio.Event()
+    settled = ("connected", "failed", "closed")
+    pc.on("connectionstatechange", lambda: pc.connectionState in settled and done.set())
+    await pc.setLocalDescription(await pc.createOffer())
+    url, offer = f"{base}/whip/{prefix}{i:03d}", pc.localDescription.sdp
+    async with http.post(url, data=offer, headers={"Content-Type": "application/sdp"}) as r:
+        answer, status, location = await r.text(), r.status, r.headers.get("Location", "")
+    if status != 201:
+        return pc, "", f"POST {status}"
+    await pc.setRemoteDescription(RTCSessionDescription(sdp=answer, type="answer"))
+    try:
+        await asyncio.wait_for(done.wait(), 30)
+    except asyncio.TimeoutError:
+        pass
+    return pc, location, pc.connectionState
+
+async def main():
+    async with aiohttp.ClientSession() as http:
+        peers = await asyncio.gather(*(one(http, i) for i in range(n)))
+        print(json.dumps({"states": [state for _, _, state in peers]}), flush=True)
+        await asyncio.get_running_loop().run_in_executor(None, sys.stdin.read)  # until EOF
+        for pc, location, _ in peers:
+            if location:
+                async with http.delete(base + location) as r:
+                    await r.read()
+            await pc.close()
+    print(json.dumps({"closed": n}), flush=True)
+
+asyncio.run(main())
+"""
+"""``n`` aiortc publishers in one process, each a video track that sends nothing: they
+connect (ICE, DTLS; consent checks keep them alive) and stay idle until stdin closes,
+then DELETE their sessions."""
 
 
 # ---------------------------------------------------------------- clips
@@ -592,6 +656,292 @@ async def run_step(
     return step
 
 
+# ---------------------------------------------------------------- memory per session
+
+
+async def metric_value(http: aiohttp.ClientSession, base: str, name: str) -> float | None:
+    """One gauge from ``GET /metrics`` (``<prefix><name> <value>``), or None."""
+    with contextlib.suppress(aiohttp.ClientError, OSError, asyncio.TimeoutError):
+        async with http.get(f"{base}/metrics", timeout=aiohttp.ClientTimeout(5)) as response:
+            text = await response.text()
+        for line in text.splitlines():
+            key, _, value = line.partition(" ")
+            if not line.startswith("#") and key.endswith(name):
+                return float(value)
+    return None
+
+
+async def live_sessions(http: aiohttp.ClientSession, base: str) -> list[dict[str, Any]]:
+    with contextlib.suppress(aiohttp.ClientError, OSError, asyncio.TimeoutError, ValueError):
+        async with http.get(f"{base}/v1/sessions", timeout=aiohttp.ClientTimeout(5)) as response:
+            body = await response.json()
+        items = body.get("sessions", body.get("items", body)) if isinstance(body, dict) else body
+        return [item for item in items or [] if isinstance(item, dict)]
+    return []
+
+
+async def wait_sessions(
+    http: aiohttp.ClientSession, base: str, count: int, timeout_s: float = 60.0
+) -> list[dict[str, Any]]:
+    """Poll ``GET /v1/sessions`` until exactly ``count`` sessions are live (and, for a
+    nonzero count, connected); raises ``RuntimeError`` after ``timeout_s``."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        items = await live_sessions(http, base)
+        if len(items) == count and all(item.get("connected") for item in items):
+            return items
+        if time.monotonic() > deadline:
+            states = [item.get("state") for item in items]
+            raise RuntimeError(f"{len(items)} sessions live ({states}), waiting for {count}")
+        await asyncio.sleep(0.25)
+
+
+async def steady_rss(pid: int, settle_s: float = 2.0, window_s: float = 2.0) -> int | None:
+    """The server's VmRSS (KiB): the median of samples over ``window_s`` after
+    ``settle_s`` (freed memory goes back to the allocator, not always to the system)."""
+    await asyncio.sleep(settle_s)
+    samples = []
+    end = time.monotonic() + window_s
+    while time.monotonic() < end:
+        value = rss_kib(pid)
+        if value is not None:
+            samples.append(value)
+        await asyncio.sleep(0.2)
+    return round(statistics.median(samples)) if samples else None
+
+
+class IdlePublishers:
+    """The :data:`IDLE_PUBLISHERS` process: ``n`` connected publishers sending nothing."""
+
+    def __init__(self, base: str, n: int, prefix: str, work: Path) -> None:
+        env = dict(os.environ)
+        env["PYTHONPATH"] = ""
+        self.proc = subprocess.Popen(
+            [sys.executable, "-c", IDLE_PUBLISHERS, base, str(n), prefix],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.DEVNULL,
+            cwd=work,
+            env=env,
+        )
+
+    async def ready(self, timeout_s: float = 60.0) -> list[str]:
+        """The connection state of each publisher once all have settled."""
+        assert self.proc.stdout is not None
+        line = await asyncio.wait_for(asyncio.to_thread(self.proc.stdout.readline), timeout_s)
+        if not line:
+            raise RuntimeError(f"idle publishers exited ({self.proc.poll()}) before connecting")
+        states: list[str] = json.loads(line)["states"]
+        return states
+
+    async def close(self, timeout_s: float = 30.0) -> None:
+        """Close stdin (the publishers DELETE their sessions and exit); kill if late."""
+        assert self.proc.stdin is not None
+        self.proc.stdin.close()
+        try:
+            await asyncio.to_thread(self.proc.wait, timeout_s)
+        except subprocess.TimeoutExpired:
+            self.kill()
+
+    def kill(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                self.proc.wait(5)
+
+
+def start_pushers(
+    base: str, n: int, prefix: str, clip: Path, push_s: float, work: Path
+) -> list[subprocess.Popen[bytes]]:
+    env = dict(os.environ)
+    env["PYTHONPATH"] = ""
+    return [
+        subprocess.Popen(
+            [
+                sys.executable,
+                "-c",
+                PUBLISHER,
+                f"{base}/whip/{prefix}{i:03d}",
+                str(clip),
+                str(push_s),
+            ],
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.DEVNULL,
+            cwd=work,
+            env=env,
+        )
+        for i in range(n)
+    ]
+
+
+async def finish_pushers(
+    pubs: list[subprocess.Popen[bytes]], timeout_s: float
+) -> list[dict[str, Any]]:
+    results: list[dict[str, Any]] = []
+    deadline = time.monotonic() + timeout_s
+    for pub in pubs:
+        try:
+            out, _ = await asyncio.to_thread(
+                pub.communicate, None, max(1.0, deadline - time.monotonic())
+            )
+            lines = out.decode(errors="replace").strip().splitlines()
+            results.append(json.loads(lines[-1]) if lines else {"error": "no output"})
+        except subprocess.TimeoutExpired:
+            pub.kill()
+            pub.wait(5)
+            results.append({"error": "timeout (killed)"})
+        except ValueError as exc:
+            results.append({"error": f"bad output: {exc}"})
+    return results
+
+
+def per_session_kib(total: int | None, base: int | None, n: int) -> float | None:
+    return None if total is None or base is None else round((total - base) / n, 1)
+
+
+async def memory_step(
+    args: argparse.Namespace, work: Path, phase: str, n: int, clip: Path, repeat: int
+) -> dict[str, Any]:
+    """One fresh server: RSS at rest, after a warm-up session (one-time costs: codec and
+    module initialisation, allocator arenas), with ``n`` sessions (``idle``: connected,
+    no media; ``push``: 720p30 stream copy), and after they closed."""
+    tag = f"mem-{phase}-{n}-{repeat}"
+    data_dir = work / f"data-{tag}"  # fresh: a reused one would carry the last run's runs
+    server = Server(data_dir, work / f"server-{tag}.log", n, "all")
+    step: dict[str, Any] = {"phase": phase, "n": n, "repeat": repeat}
+    idle: IdlePublishers | None = None
+    pubs: list[subprocess.Popen[bytes]] = []
+    try:
+        async with aiohttp.ClientSession() as http:
+            await server.wait_ready(http)
+            step["rss_start_kib"] = await steady_rss(server.pid)
+            # warm-up: one session of the same kind, closed again
+            if phase == "idle":
+                warm = IdlePublishers(server.base, 1, "warm", work)
+                try:
+                    await warm.ready()
+                    await wait_sessions(http, server.base, 1)
+                finally:
+                    await warm.close()
+            else:
+                warm_pubs = start_pushers(server.base, 1, "warm", clip, 3.0, work)
+                await finish_pushers(warm_pubs, 60)
+            await wait_sessions(http, server.base, 0)
+            step["rss_warm_kib"] = await steady_rss(server.pid)
+            started = time.monotonic()
+            if phase == "idle":
+                idle = IdlePublishers(server.base, n, "idle", work)
+                states = await idle.ready()
+                step["publisher_states"] = {s: states.count(s) for s in sorted(set(states))}
+                await wait_sessions(http, server.base, n)
+                step["connect_s"] = round(time.monotonic() - started, 2)
+                step["rss_sessions_kib"] = await steady_rss(server.pid, 3.0, 3.0)
+                samples = [step["rss_sessions_kib"]]
+            else:
+                pubs = start_pushers(server.base, n, "push", clip, args.push_s, work)
+                await wait_sessions(http, server.base, n)
+                step["connect_s"] = round(time.monotonic() - started, 2)
+                await asyncio.sleep(4.0)  # decoders opened, queues in their steady state
+                samples = []
+                end = started + args.push_s - 2.0
+                while time.monotonic() < end:
+                    value = rss_kib(server.pid)
+                    if value is not None:
+                        samples.append(value)
+                    await asyncio.sleep(0.5)
+                step["rss_sessions_kib"] = round(statistics.median(samples)) if samples else None
+            step["rss_sessions_max_kib"] = max((v for v in samples if v is not None), default=None)
+            reserved = await metric_value(http, server.base, "media_budget_bytes_reserved")
+            threads = await metric_value(http, server.base, "media_budget_threads_reserved")
+            step["reserved_bytes_per_session"] = None if reserved is None else round(reserved / n)
+            step["reserved_threads_per_session"] = None if threads is None else threads / n
+            if idle is not None:
+                await idle.close()
+            results = await finish_pushers(pubs, args.push_s + 60) if pubs else []
+            await wait_sessions(http, server.base, 0)
+            step["rss_after_kib"] = await steady_rss(server.pid)
+    finally:
+        if idle is not None:
+            idle.kill()
+        for pub in pubs:
+            if pub.poll() is None:
+                pub.kill()
+                with contextlib.suppress(subprocess.TimeoutExpired):
+                    pub.wait(5)
+        step["server_stop"] = server.shutdown()
+    step["server_log_problems"] = server.problems()
+    start_kib, warm_kib = step.get("rss_start_kib"), step.get("rss_warm_kib")
+    step["one_time_kib"] = per_session_kib(warm_kib, start_kib, 1)
+    step["per_session_kib"] = per_session_kib(step.get("rss_sessions_kib"), start_kib, n)
+    step["per_session_max_kib"] = per_session_kib(step.get("rss_sessions_max_kib"), start_kib, n)
+    step["per_session_after_warm_kib"] = per_session_kib(step.get("rss_sessions_kib"), warm_kib, n)
+    step["kept_after_close_kib"] = per_session_kib(step.get("rss_after_kib"), start_kib, 1)
+    if phase == "push":
+        finals = read_final_stats(data_dir)
+        sent = sum(r.get("frames_sent", 0) for r in results)
+        decoded = dropped = 0
+        for i in range(n):
+            final = finals.get(f"push{i:03d}", {}).get("final", {})
+            decoded += final.get("frames_decoded") or 0
+            dropped += final.get("frames_dropped") or 0
+        step["frames_sent"], step["frames_decoded"], step["frames_dropped"] = sent, decoded, dropped
+        step["decoded_over_sent"] = round(decoded / sent, 4) if sent else None
+        step["publisher_errors"] = [r["error"] for r in results if "error" in r][:3]
+    log(
+        f"{tag}: RSS start {step.get('rss_start_kib')} KiB, warm {warm_kib} KiB, with {n} "
+        f"sessions {step.get('rss_sessions_kib')} KiB (max {step.get('rss_sessions_max_kib')}), "
+        f"after {step.get('rss_after_kib')} KiB: {step['per_session_kib']} KiB per session"
+    )
+    return step
+
+
+async def run_memory(args: argparse.Namespace, work: Path) -> dict[str, Any]:
+    width, height, bitrate = SIZES["720p"]
+    clip = work / "clip_720p.mp4"
+    await asyncio.to_thread(make_clip, clip, width, height, bitrate, args.clip_s)
+    steps = args.steps or [4, 8]
+    out: dict[str, Any] = {}
+    for phase in ("idle", "push"):
+        results = []
+        for repeat in range(args.memory_repeats):
+            for n in steps:
+                results.append(await memory_step(args, work, phase, n, clip, repeat))
+        per_n: dict[str, Any] = {}
+        for n in steps:
+            mine = [r for r in results if r["n"] == n]
+            values = [r["per_session_kib"] for r in mine if r["per_session_kib"] is not None]
+            totals = [
+                r["rss_sessions_kib"] - r["rss_start_kib"]
+                for r in mine
+                if r.get("rss_sessions_kib") is not None and r.get("rss_start_kib") is not None
+            ]
+            warm = [
+                r["per_session_after_warm_kib"]
+                for r in mine
+                if r["per_session_after_warm_kib"] is not None
+            ]
+            per_n[str(n)] = {
+                "per_session_kib_median": round(statistics.median(values), 1) if values else None,
+                "per_session_kib": values,
+                "per_session_after_warm_kib_median": round(statistics.median(warm), 1)
+                if warm
+                else None,
+                "delta_kib_median": round(statistics.median(totals)) if totals else None,
+            }
+        slope = None
+        if len(steps) >= 2:
+            low, high = per_n[str(min(steps))], per_n[str(max(steps))]
+            if low["delta_kib_median"] is not None and high["delta_kib_median"] is not None:
+                slope = round(
+                    (high["delta_kib_median"] - low["delta_kib_median"])
+                    / (max(steps) - min(steps)),
+                    1,
+                )
+        out[phase] = {"by_n": per_n, "marginal_kib_per_session": slope, "steps": results}
+    return out
+
+
 # ---------------------------------------------------------------- main
 
 
@@ -646,6 +996,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--dump", action="store_true", help="with --spy: also a py-spy dump")
     parser.add_argument("--per-session", action="store_true", help="every session's row")
     parser.add_argument("--keep", action="store_true", help="keep the work dir (logs, data)")
+    parser.add_argument(
+        "--memory",
+        action="store_true",
+        help="memory per session instead of the capacity sweep: server RSS idle and at "
+        "720p30 (--steps, default 4,8)",
+    )
+    parser.add_argument(
+        "--memory-repeats", type=int, default=1, help="with --memory: runs per step (median)"
+    )
     args = parser.parse_args(argv)
     args.only = [c.strip() for c in args.only.split(",") if c.strip()]
     for name in args.only:
@@ -659,6 +1018,38 @@ def main(argv: list[str] | None = None) -> int:
     started = time.monotonic()
     work = Path(tempfile.mkdtemp(prefix="bench-capacity-"))
     log(f"work dir {work}")
+    if args.memory:
+        args.push_s = args.push_s if args.push_s != 20.0 else 15.0
+        try:
+            memory = asyncio.run(run_memory(args, work))
+        finally:
+            if not args.keep:
+                import shutil
+
+                shutil.rmtree(work, ignore_errors=True)
+        json.dump(
+            {
+                "bench": "capacity-memory",
+                "push_s": args.push_s,
+                "method": "fresh server per step; RSS (VmRSS of the server process) at rest, "
+                "after one warm-up session of the same kind was opened and closed, with N "
+                "sessions (idle: aiortc publishers with a video track that sends nothing; "
+                "push: FFmpeg WHIP stream copy of a 720p30 clip, the median of samples every "
+                "0.5 s from 4 s after all connected to 2 s before the end), and after they "
+                "closed; per session = (with N - at rest) / N, so it includes the one-time "
+                "costs spread over N (after_warm: (with N - after warm-up) / N, which "
+                "undercounts: the N sessions reuse what the warm-up freed); marginal = the "
+                "slope of (with N - at rest) between the smallest and largest N, the cost "
+                "of one more session",
+                "memory": memory,
+                "host": {"cpus": len(os.sched_getaffinity(0))},
+                "elapsed_s": round(time.monotonic() - started, 1),
+            },
+            sys.stdout,
+            indent=2,
+        )
+        sys.stdout.write("\n")
+        return 0
     try:
         configs = asyncio.run(run(args, work))
     finally:

@@ -18,11 +18,23 @@ Per repetition (order alternates between repetitions):
   thumbnail analyzers; thumbnails written to a temp dir).
 - ``pipeline_bare``: the same without ``on_frame`` (analyzers off).
 
-fps = decoded frames / wall time from the first packet to the last decoded frame;
-cpu_fps = decoded frames / CPU time of the whole process over the same span (producer
-and worker threads). On a shared host (other jobs competing for the CPUs) wall-time fps
-is noisy; the CPU-time figures and ratios are the robust ones (``host.loadavg``).
-Then an ablation (one analyzer's ``process`` made a no-op at a time, CPU-time fps) and
+Both sides decode with the same FFmpeg thread count (``--codec-threads``, default 1, the
+server's default): PyAV's own default (0) starts a slice thread per core, which turned
+the comparison into one of thread counts and of how idle the other cores were.
+
+fps = decoded frames / wall time from the first packet to the last decoded frame (the
+target figure: ``ratio_analyzers`` = pipeline fps / PyAV fps, >= 0.85); cpu_fps =
+decoded frames / CPU time of the whole process over the same span (producer and worker
+threads); ``worker_cpu_ratio_*``: PyAV's decoding thread against the pipeline's worker
+thread, CPU time only (with ``--codec-threads 1`` each side decodes on that one thread).
+On a shared host (other jobs competing for the CPUs) wall-time fps is noisy; the
+CPU-time figures are steadier, and the worker-thread one is the steadiest
+(``host.loadavg`` says how busy the host was).
+Then a breakdown (thread-CPU timers around each analyzer's ``process`` and around
+``on_frame``: microseconds per frame of the worker thread, by analyzer, the glue
+between them, and the rest: decode and intake), an ablation (one analyzer's ``process``
+made a no-op at a time, CPU-time fps; the scene analyzer pays for the small luma picture
+the black one shares, so disabling it moves that cost to black) and
 one profiled pipeline run (cProfile; Python 3.12's cProfile sees every thread, the
 producer's own rows are filtered out) show where the pipeline's extra time goes.
 
@@ -46,6 +58,7 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -62,6 +75,11 @@ from pipeline.keyframes import is_keyframe  # noqa: E402
 
 DEPTH = 16
 PAYLOAD_LIMIT = 1 << 20
+PRODUCER_POLL_S = 0.002
+"""How long the producer sleeps while the queue is full. Every wake-up takes the GIL
+from the worker (a thread switch on the worker's clock); 2 ms is well within the
+time the worker takes to drain a full queue (16 frames, about 20 ms at 720p), so it
+is never starved (``worker_starved`` counts wake-ups that found the queue empty)."""
 
 
 def log(message: str) -> None:
@@ -112,22 +130,34 @@ def make_clip(seconds: float, width: int, height: int, fps: int, gop: int) -> li
 # ---------------------------------------------------------------- the two paths
 
 
-def run_pyav(packets: list[bytes]) -> dict[str, Any]:
+def run_pyav(packets: list[bytes], codec_threads: int) -> dict[str, Any]:
+    """Plain PyAV: one decoder, the pipeline's thread settings (see ``open_decoder``)."""
     decoder = av.CodecContext.create("h264", "r")
+    assert isinstance(decoder, av.VideoCodecContext)
+    # Explicit, as the pipeline does: PyAV's default (0) lets FFmpeg start one slice
+    # thread per core, which made "PyAV alone" a multi-threaded decoder racing the
+    # pipeline's single-threaded one (the wall-time ratio then measured how idle the
+    # other cores were, not the pipeline's overhead).
+    decoder.thread_count = codec_threads
+    if codec_threads != 1:
+        decoder.thread_type = "AUTO"
     decoded = 0
-    started, cpu0 = time.perf_counter(), time.process_time()
+    started, cpu0, thread0 = time.perf_counter(), time.process_time(), time.thread_time()
     for index, data in enumerate(packets):
         packet = av.Packet(data)
         packet.pts = index * 3000
         decoded += len(decoder.decode(packet))
     decoded += len(decoder.decode(None))
     wall, cpu = time.perf_counter() - started, time.process_time() - cpu0
+    thread_cpu = time.thread_time() - thread0
     return {
         "frames": decoded,
         "wall_s": round(wall, 4),
         "fps": round(decoded / wall, 1),
         "cpu_s": round(cpu, 4),
         "cpu_fps": round(decoded / cpu, 1),
+        "thread_cpu_s": round(thread_cpu, 4),
+        "thread_cpu_fps": round(decoded / thread_cpu, 1),
     }
 
 
@@ -152,8 +182,12 @@ def run_pipeline(
     thumb_dir: Path | None,
     profile: bool = False,
     disable: tuple[str, ...] = (),
+    codec_threads: int = 1,
+    timed: bool = False,
 ) -> dict[str, Any]:
-    """Producer on this thread, decoder_worker on a worker thread (profiled if asked)."""
+    """Producer on this thread, decoder_worker on a worker thread (profiled if asked;
+    with ``timed``, each analyzer's ``process`` and ``on_frame`` are wrapped in
+    thread-CPU timers: the ``breakdown``)."""
     intake = FrameIntake("video", depth=DEPTH, payload_limit=PAYLOAD_LIMIT, label="bench")
     stats = DecodeStats("video")
     events: list[tuple[str, dict[str, object]]] = []
@@ -167,9 +201,20 @@ def run_pipeline(
             thumbnail_dir=thumb_dir,
             posted_at=time.monotonic(),
         )
-        analysis.bind("video", intake_stats=intake.stats, decode_stats=lambda: stats)
+        analysis.bind(
+            "video",
+            intake_stats=intake.stats,
+            decode_stats=lambda: stats,
+            intake_counters=lambda: (intake.frames_in, intake.bytes_in),
+        )
         for name in disable:  # ablation: this analyzer's process() becomes a no-op
             getattr(analysis, name).process = lambda frame, meta: []
+    spent: dict[str, float] = {}
+    if analysis is not None and timed:
+        for name in ANALYZERS:
+            target = getattr(analysis, name)
+            target.process = _timer(target.process, name, spent)
+        analysis.on_frame = _timer(analysis.on_frame, "on_frame", spent)  # type: ignore[method-assign]
     profiler = cProfile.Profile() if profile else None
     error: list[BaseException] = []
     worker_cpu: list[float] = []
@@ -179,7 +224,12 @@ def run_pipeline(
         try:
             if profiler is not None:
                 profiler.enable()
-            decoder_worker(intake, stats, on_frame=analysis.on_frame if analysis else None)
+            decoder_worker(
+                intake,
+                stats,
+                codec_threads=codec_threads,
+                on_frame=analysis.on_frame if analysis else None,
+            )
         except BaseException as exc:  # reported below
             error.append(exc)
         finally:
@@ -190,7 +240,7 @@ def run_pipeline(
     # the EncodedFrame objects are built as the tap would (bytes, keyframe scan) ...
     frames = encoded_frames(packets)
     worker = threading.Thread(target=body, name="decode-video-bench", daemon=True)
-    waits = 0
+    waits = starved = 0
     started, cpu0 = time.perf_counter(), time.process_time()
     worker.start()
     for frame in frames:
@@ -198,7 +248,9 @@ def run_pipeline(
         # drop the frame and open a drop episode (single producer, so this check holds).
         while intake.depth >= intake.depth_limit:
             waits += 1
-            time.sleep(0.0005)
+            time.sleep(PRODUCER_POLL_S)
+            if intake.depth == 0:
+                starved += 1
         if not intake.put(frame):
             raise RuntimeError("intake dropped a frame")
     intake.close(drain=True)
@@ -215,8 +267,10 @@ def run_pipeline(
         "cpu_s": round(cpu, 4),
         "cpu_fps": round(stats.frames_decoded / cpu, 1),
         "worker_cpu_s": round(worker_cpu[0], 4) if worker_cpu else None,
+        "worker_cpu_fps": round(stats.frames_decoded / worker_cpu[0], 1) if worker_cpu else None,
         "dropped": intake.dropped_frames,
         "producer_waits": waits,
+        "worker_starved": starved,
         "decode_errors": stats.decode_errors,
     }
     if analysis is not None:
@@ -225,9 +279,36 @@ def run_pipeline(
             kinds[etype] = kinds.get(etype, 0) + 1
         out["events"] = kinds
         out["thumbnails"] = analysis.thumbnailer.encoded
+    if spent and worker_cpu:
+        decoded = max(1, stats.frames_decoded)
+        per_frame = {name: round(1e6 * value / decoded, 1) for name, value in spent.items()}
+        on_frame = per_frame.pop("on_frame")
+        per_frame["analysis_glue"] = round(on_frame - sum(per_frame.values()), 1)
+        per_frame["decode_and_intake"] = round(1e6 * worker_cpu[0] / decoded - on_frame, 1)
+        out["breakdown_us_per_frame"] = per_frame
     if profiler is not None:
         out["_profiler"] = profiler
     return out
+
+
+ANALYZERS = ("video_stats", "scene", "black", "thumbnailer")
+"""The video analyzers of :class:`~pipeline.analysis.Analysis`, in the order it runs
+them: ``scene`` runs first, so it pays for the small luma picture it shares with
+``black``."""
+
+
+def _timer[**P, R](call: Callable[P, R], name: str, spent: dict[str, float]) -> Callable[P, R]:
+    """``call`` with its thread-CPU time added to ``spent[name]``."""
+    spent.setdefault(name, 0.0)
+
+    def timed(*args: P.args, **kwargs: P.kwargs) -> R:
+        started = time.thread_time()
+        try:
+            return call(*args, **kwargs)
+        finally:
+            spent[name] += time.thread_time() - started
+
+    return timed
 
 
 def profile_summary(profiler: cProfile.Profile, top: int = 18) -> dict[str, Any]:
@@ -277,6 +358,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--fps", type=int, default=30)
     parser.add_argument("--gop", type=int, default=30)
     parser.add_argument("--loops", type=int, default=4, help="decode the clip this many times")
+    parser.add_argument(
+        "--codec-threads",
+        type=int,
+        default=1,
+        help="FFmpeg decoder threads on both sides (default 1, the server default)",
+    )
     parser.add_argument("--no-profile", action="store_true")
     args = parser.parse_args(argv)
     if args.quick:
@@ -302,10 +389,11 @@ def main(argv: list[str] | None = None) -> int:
     }
     log(f"clip: {clip}")
     # warm-up (decoder init, numpy/reformatter first-call costs)
-    run_pyav(packets[: args.gop * 2])
+    threads = args.codec_threads
+    run_pyav(packets[: args.gop * 2], threads)
     with tempfile.TemporaryDirectory(prefix="bench-decode-") as tmp:
         thumb_dir = Path(tmp)
-        run_pipeline(packets[: args.gop * 2], True, thumb_dir)
+        run_pipeline(packets[: args.gop * 2], True, thumb_dir, codec_threads=threads)
         reps: list[dict[str, Any]] = []
         for rep in range(args.repetitions):
             order = ["pyav", "pipeline_analyzers", "pipeline_bare"]
@@ -314,9 +402,12 @@ def main(argv: list[str] | None = None) -> int:
             result: dict[str, Any] = {}
             for name in order:
                 if name == "pyav":
-                    result[name] = run_pyav(packets)
+                    result[name] = run_pyav(packets, threads)
                 else:
-                    result[name] = run_pipeline(packets, name == "pipeline_analyzers", thumb_dir)
+                    analyzers = name == "pipeline_analyzers"
+                    result[name] = run_pipeline(
+                        packets, analyzers, thumb_dir, codec_threads=threads
+                    )
             result["ratio_analyzers"] = round(
                 result["pipeline_analyzers"]["fps"] / result["pyav"]["fps"], 3
             )
@@ -325,25 +416,45 @@ def main(argv: list[str] | None = None) -> int:
                 result[f"cpu_ratio_{name}"] = round(
                     result[f"pipeline_{name}"]["cpu_fps"] / result["pyav"]["cpu_fps"], 3
                 )
+                result[f"worker_cpu_ratio_{name}"] = round(
+                    result[f"pipeline_{name}"]["worker_cpu_fps"] / result["pyav"]["thread_cpu_fps"],
+                    3,
+                )
             log(
                 f"rep {rep + 1}: pyav {result['pyav']['fps']} fps, pipeline+analyzers "
                 f"{result['pipeline_analyzers']['fps']} fps ({result['ratio_analyzers']}), bare "
                 f"{result['pipeline_bare']['fps']} fps ({result['ratio_bare']}); by CPU time: "
-                f"{result['cpu_ratio_analyzers']} / {result['cpu_ratio_bare']}"
+                f"{result['cpu_ratio_analyzers']} / {result['cpu_ratio_bare']}; worker thread "
+                f"CPU: {result['worker_cpu_ratio_analyzers']} / "
+                f"{result['worker_cpu_ratio_bare']}"
             )
             reps.append(result)
+        log("breakdown: thread-CPU timers around each analyzer")
+        timed_runs = [
+            run_pipeline(packets, True, thumb_dir, codec_threads=threads, timed=True)[
+                "breakdown_us_per_frame"
+            ]
+            for _ in range(args.repetitions)
+        ]
+        breakdown = {
+            key: round(statistics.median(run[key] for run in timed_runs), 1)
+            for key in timed_runs[0]
+        }
+        log(f"breakdown (us per frame, worker thread CPU): {breakdown}")
         log("ablation: pipeline with one analyzer disabled at a time")
         ablation: dict[str, Any] = {}
-        for name in ("video_stats", "scene", "black", "thumbnailer"):
+        for name in ANALYZERS:
             fps_values = [
-                run_pipeline(packets, True, thumb_dir, disable=(name,))["cpu_fps"]
+                run_pipeline(packets, True, thumb_dir, disable=(name,), codec_threads=threads)[
+                    "cpu_fps"
+                ]
                 for _ in range(max(1, min(2, args.repetitions)))
             ]
             ablation[f"without_{name}_cpu_fps"] = round(statistics.median(fps_values), 1)
         profile = None
         if not args.no_profile:
             log("profiled pipeline run (cProfile on the worker thread)")
-            prof = run_pipeline(packets, True, thumb_dir, profile=True)
+            prof = run_pipeline(packets, True, thumb_dir, profile=True, codec_threads=threads)
             profile = profile_summary(prof.pop("_profiler"))
             profile["run"] = prof
             profile["note"] = "cProfile overhead inflates Python-level costs; use shares, not fps"
@@ -372,6 +483,8 @@ def main(argv: list[str] | None = None) -> int:
             "pipeline_bare_cpu_fps": med(("pipeline_bare", "cpu_fps")),
             "cpu_ratio_analyzers": med(("cpu_ratio_analyzers",)),
             "cpu_ratio_bare": med(("cpu_ratio_bare",)),
+            "worker_cpu_ratio_analyzers": med(("worker_cpu_ratio_analyzers",)),
+            "worker_cpu_ratio_bare": med(("worker_cpu_ratio_bare",)),
         },
         "ms_per_frame": {
             "pyav": round(1000 / med(("pyav", "fps")), 3),
@@ -379,13 +492,16 @@ def main(argv: list[str] | None = None) -> int:
             "pipeline_bare": round(1000 / med(("pipeline_bare", "fps")), 3),
         },
         "target_ratio": 0.85,
+        "breakdown_us_per_frame": breakdown,
         "ablation": ablation,
         "profile": profile,
         "settings": {
             "intake_depth": DEPTH,
             "payload_limit": PAYLOAD_LIMIT,
             "analysis": "AnalysisSettings() defaults (thumbnail interval 10 s wall clock)",
-            "decoder_threads": "codec_threads=1 (server default); PyAV-alone uses the same default",
+            "codec_threads": threads,
+            "decoder_threads": "the same FFmpeg thread_count on both sides (1: the server "
+            "default; PyAV's own default, 0, would start one slice thread per core)",
         },
         "host": {
             "python": platform.python_version(),

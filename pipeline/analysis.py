@@ -45,7 +45,7 @@ import av
 
 from pipeline.analyzers.base import Event
 from pipeline.analyzers.black import VideoBlack
-from pipeline.analyzers.frame_stats import FrameStats
+from pipeline.analyzers.frame_stats import FrameStats, IntakeCounters
 from pipeline.analyzers.scene import SceneChange
 from pipeline.analyzers.silence import AudioSilence
 from pipeline.analyzers.thumbnail import Thumbnailer
@@ -115,8 +115,6 @@ class Analysis:
         self.kinds: frozenset[Kind] = frozenset(kinds)
         self.lead: Kind = "audio" if self.kinds == {"audio"} else "video"
         self.posted_at = posted_at
-        self._intake_sources: dict[Kind, Callable[[], IntakeStats | None]] = {}
-        self._decode_sources: dict[Kind, Callable[[], DecodeStats | None]] = {}
         self.video_stats = self._frame_stats("video")
         self.audio_stats = self._frame_stats("audio")
         self.scene = SceneChange(settings.scene_threshold, settings.scene_min_gap_s)
@@ -146,18 +144,11 @@ class Analysis:
         nest = lead and kind == "video" and "audio" in self.kinds
         return FrameStats(
             kind,
-            intake_stats=lambda: self._source(self._intake_sources, kind),
-            decode_stats=lambda: self._source(self._decode_sources, kind),
             interval_s=self.settings.stats_interval_s if lead else None,
             window_s=self.settings.rate_window_s,
             keyframes_only=self.settings.keyframes_only,
             extra=self._audio_extra if nest else None,
         )
-
-    @staticmethod
-    def _source[T](sources: dict[Kind, Callable[[], T | None]], kind: Kind) -> T | None:
-        source = sources.get(kind)
-        return source() if source is not None else None
 
     # ------------------------------------------------------------ wiring
 
@@ -167,15 +158,18 @@ class Analysis:
         *,
         intake_stats: Callable[[], IntakeStats | None] | None = None,
         decode_stats: Callable[[], DecodeStats | None] | None = None,
+        intake_counters: IntakeCounters | None = None,
     ) -> None:
-        """Give the ``kind`` track's stats their encoded-frame and decode counters.
+        """Give the ``kind`` track's stats their encoded-frame and decode counters
+        (``intake_counters``: the per-frame ``(frames_in, bytes_in)`` reading, see
+        :class:`~pipeline.analyzers.frame_stats.FrameStats`).
 
         Call before frames flow (the callables are read on the worker threads after).
         """
-        if intake_stats is not None:
-            self._intake_sources[kind] = intake_stats
-        if decode_stats is not None:
-            self._decode_sources[kind] = decode_stats
+        stats = self.video_stats if kind == "video" else self.audio_stats
+        stats.bind(
+            intake_stats=intake_stats, decode_stats=decode_stats, intake_counters=intake_counters
+        )
 
     def bind_runtime(self, runtime: SessionRuntime) -> None:
         """:meth:`bind` every kind to ``runtime``'s workers (first worker of each kind).
@@ -189,6 +183,7 @@ class Analysis:
                 kind,
                 intake_stats=functools.partial(_intake_stats_of, runtime, kind),
                 decode_stats=functools.partial(_decode_stats_of, runtime, kind),
+                intake_counters=functools.partial(_intake_counters_of, runtime, kind),
             )
 
     # ------------------------------------------------------------ worker threads
@@ -284,6 +279,14 @@ def _worker_of(runtime: SessionRuntime, kind: Kind) -> Worker | None:
 def _intake_stats_of(runtime: SessionRuntime, kind: Kind) -> IntakeStats | None:
     worker = _worker_of(runtime, kind)
     return worker.intake.stats() if worker is not None else None
+
+
+def _intake_counters_of(runtime: SessionRuntime, kind: Kind) -> tuple[int, int] | None:
+    worker = _worker_of(runtime, kind)
+    if worker is None:
+        return None
+    intake = worker.intake
+    return intake.frames_in, intake.bytes_in
 
 
 def _decode_stats_of(runtime: SessionRuntime, kind: Kind) -> DecodeStats | None:

@@ -16,10 +16,9 @@ still open when the stream ends (``"reason": "stream_end"``).
 from __future__ import annotations
 
 import av
-import numpy as np
 from av.video.reformatter import VideoReformatter
 
-from pipeline.analyzers.base import Episode, Event, media_ms, small_luma
+from pipeline.analyzers.base import LUMA_MAX, Episode, Event, media_ms, small_luma
 from pipeline.decoder import FrameMeta
 
 
@@ -46,7 +45,8 @@ class VideoBlack:
 
     def process(self, frame: av.VideoFrame, meta: FrameMeta) -> list[Event]:
         """Measure ``frame``; a ``video_black`` start or end event when one is due."""
-        luma = float(np.mean(small_luma(frame, self._reformatter)))
+        codes = small_luma(frame, self._reformatter)
+        luma = float(codes.sum()) / (codes.size * LUMA_MAX)  # the mean, on 0..1
         self.luma = luma
         limit = self.threshold + (self.hysteresis if self._episode.started else 0.0)
         at = media_ms(meta)

@@ -17,7 +17,11 @@ Where each figure comes from:
   (``decoded_fps``); encoded frames with ``keyframes_only`` (``encoded_fps``), since the
   stream's frame rate is what an operator asks about, not the GOP rate.
 
-The window: a sample ``(decoded_at, counters)`` is kept per frame; samples older than
+The window: a sample ``(decoded_at, counters)`` is kept per frame (``frames_in`` and
+``bytes_in`` come from ``intake_counters()`` when given: two plain ints read without the
+intake's lock, far cheaper per frame than ``intake_stats()``'s consistent snapshot; a
+reading may count a frame's arrival before its bytes, which the next one corrects;
+without it, from ``intake_stats()``); samples older than
 the window are dropped except the newest of them, so a rate always spans at least the
 window when frames are sparse (one keyframe per GOP) and exactly the window when they
 are dense. Rates read 0 with ``rate_window_s`` 0.0 until two samples exist.
@@ -41,6 +45,9 @@ import av
 from pipeline.analyzers.base import Event
 from pipeline.decoder import DecodeStats, FrameMeta
 from pipeline.intake import IntakeStats, Kind
+
+IntakeCounters = Callable[[], tuple[int, int] | None]
+"""``() -> (frames_in, bytes_in)`` of the track's intake, or None (no intake yet)."""
 
 
 class _Sample(NamedTuple):
@@ -67,6 +74,7 @@ class FrameStats:
         *,
         intake_stats: Callable[[], IntakeStats | None] = _no_intake,
         decode_stats: Callable[[], DecodeStats | None] = _no_decode,
+        intake_counters: IntakeCounters | None = None,
         interval_s: float | None = 5.0,
         window_s: float = 2.0,
         keyframes_only: bool = False,
@@ -82,6 +90,7 @@ class FrameStats:
         self.keyframes_only = keyframes_only
         self._intake_stats = intake_stats
         self._decode_stats = decode_stats
+        self._intake_counters: IntakeCounters = intake_counters or self._counters_from_stats
         self._extra = extra
         # Written on the worker thread under the lock; read by snapshot() anywhere.
         self._lock = threading.Lock()
@@ -99,12 +108,34 @@ class FrameStats:
         """``stats`` events this instance produced (periodic and change)."""
         self._next_at: float | None = None
 
+    def bind(
+        self,
+        *,
+        intake_stats: Callable[[], IntakeStats | None] | None = None,
+        decode_stats: Callable[[], DecodeStats | None] | None = None,
+        intake_counters: IntakeCounters | None = None,
+    ) -> None:
+        """Replace the counter sources given at construction (None: keep that one).
+
+        Call before frames flow; each source is one attribute rebound in one assignment,
+        so a reader on another thread sees the old source or the new one."""
+        if intake_stats is not None:
+            self._intake_stats = intake_stats
+        if decode_stats is not None:
+            self._decode_stats = decode_stats
+        if intake_counters is not None:
+            self._intake_counters = intake_counters
+
+    def _counters_from_stats(self) -> tuple[int, int] | None:
+        intake = self._intake_stats()
+        return None if intake is None else (intake.frames_in, intake.bytes_in)
+
     # ------------------------------------------------------------ worker thread
 
     def process(self, frame: av.VideoFrame | av.AudioFrame, meta: FrameMeta) -> list[Event]:
         """Count one decoded frame; the ``stats`` events due now (module doc)."""
         now = meta.decoded_at
-        intake = self._intake_stats()
+        counters = self._intake_counters()
         changes: list[tuple[str, dict[str, object]]] = []
         previous: dict[str, object]
         with self._lock:
@@ -128,7 +159,7 @@ class FrameStats:
                     previous = {"sample_rate": self.sample_rate, "channels": self.channels}
                     changes.append(("format", previous))
                 self.sample_rate, self.channels = layout
-            self._add_sample_locked(now, intake)
+            self._add_sample_locked(now, counters)
         events: list[Event] = []
         for change, previous in changes:
             data = self.snapshot()
@@ -148,9 +179,8 @@ class FrameStats:
         self.events += len(events)
         return events
 
-    def _add_sample_locked(self, now: float, intake: IntakeStats | None) -> None:
-        frames_in = intake.frames_in if intake is not None else self.frames
-        bytes_in = intake.bytes_in if intake is not None else 0
+    def _add_sample_locked(self, now: float, counters: tuple[int, int] | None) -> None:
+        frames_in, bytes_in = counters if counters is not None else (self.frames, 0)
         samples = self._samples
         samples.append(_Sample(now, self.frames, frames_in, bytes_in))
         horizon = now - self.window_s
