@@ -189,6 +189,16 @@ class Push:
                     found[(sample.name, sample.labels.get("reason", ""))] = sample.value
         return found
 
+    async def process_counter(self, name: str, reason: str) -> float:
+        """A process-wide ``/metrics`` sample with the ``reason`` label."""
+        response = await self.http.get(self.server.make_url("/metrics"))
+        assert response.status == 200
+        for family in text_string_to_metric_families(await response.text()):
+            for sample in family.samples:
+                if sample.name == name and sample.labels == {"reason": reason}:
+                    return sample.value
+        raise AssertionError(f"no {name}{{reason={reason!r}}} in /metrics")
+
     @property
     def session_id(self) -> str:
         return self.session.session_id
@@ -384,8 +394,10 @@ async def test_payload_types_nobody_negotiated_are_counted_not_decoded(
         body = await push.api()
         assert body["packets_received"] == received  # aiortc counts routed packets only
         assert body["drops"] == 0 and body["tracks"][0]["decode_errors"] == 0
+        assert body["rtp_discarded"]["unroutable"] == sent
         metrics = await push.metrics()
         assert metrics[("whip_session_rtp_discarded_total", "unroutable")] == sent
+        assert await push.process_counter("whip_rtp_discarded_total", "unroutable") == sent
         # The stream goes on after a jump past aiortc's jitter buffer (512 packets): the
         # refused packets left a hole in its sequence that would otherwise hold it up.
         # Frame 29, still waiting there for the next frame to start, is lost with it.
@@ -395,6 +407,8 @@ async def test_payload_types_nobody_negotiated_are_counted_not_decoded(
         assert push.intake().frames_in == 58
         assert push.guard().counts()["unroutable"] == sent
         events = await push.delete()
+        # Closed: the session's count moves into the process total, which keeps it.
+        assert await push.process_counter("whip_rtp_discarded_total", "unroutable") == sent
     final = _final_stats(events)
     assert (final["frames_decoded"], final["decode_errors"], final["frames_dropped"]) == (58, 0, 0)
     assert _closed_reason(events) == ["deleted"]

@@ -123,6 +123,11 @@ class ServerCollector(Collector):
                 totals["frames_dropped"] + sum(s.frames_dropped for s in live),
             ),
             (
+                "frames_oversized",
+                "encoded frames dropped for exceeding the payload limit",
+                totals["frames_oversized"] + sum(s.frames_oversized for s in live),
+            ),
+            (
                 "decode_errors",
                 "decode errors",
                 totals["decode_errors"] + sum(s.decode_errors() for s in live),
@@ -155,6 +160,14 @@ class ServerCollector(Collector):
             ),
         ):
             yield CounterMetricFamily(PREFIX + name, doc, value=value)
+        discarded = CounterMetricFamily(
+            PREFIX + "rtp_discarded",
+            "datagrams and RTP packets that never reached a frame, by reason",
+            labels=["reason"],
+        )
+        for reason, count in manager.rtp_discarded.items():
+            discarded.add_metric([reason], count + sum(s.rtp_discarded[reason] for s in live))
+        yield discarded
 
     def _histograms(self) -> Iterator[Metric]:
         yield _histogram(

@@ -77,6 +77,7 @@ from aiohttp import web
 
 from pipeline.decoder import DecodeStats
 from pipeline.intake import FrameIntake, IntakeStats
+from pipeline.rtp_guard import RtpGuard, guards_of
 from registry.events import Event, EventType, is_valid_run_id
 from registry.runs import RunView
 from registry.timeline import MAX_CURSOR, MAX_READ_LIMIT, MAX_WAIT_S, Timeline
@@ -414,6 +415,7 @@ def _track_json(
         "frames_in": queue.frames_in if queue is not None else 0,
         "frames_decoded": stats.frames_decoded if stats is not None else 0,
         "frames_dropped": queue.dropped_frames if queue is not None else 0,
+        "frames_oversized": queue.oversized_frames if queue is not None else 0,
         "decode_errors": stats.decode_errors if stats is not None else 0,
         "queue_depth": queue.depth if queue is not None else 0,
         "queue_max_depth": queue.max_depth if queue is not None else 0,
@@ -503,8 +505,18 @@ def session_json(
         "drops": sum(t["frames_dropped"] for t in tracks),
         "workers": sum(1 for t in tracks if t["worker_alive"]),
         "workers_detached": len(runtime.detached) if runtime is not None else 0,
+        "rtp_discarded": _rtp_discarded(session),
         "tracks": tracks,
     }
+
+
+def _rtp_discarded(session: WhipSession) -> dict[str, int]:
+    """The session's datagrams and RTP packets that never reached a frame, by reason."""
+    found = RtpGuard().counts()
+    for guard in guards_of(t.receiver for t in session.pc.getTransceivers()):
+        for reason, count in guard.counts().items():
+            found[reason] += count
+    return found
 
 
 def _session_id(request: web.Request) -> str:

@@ -50,6 +50,7 @@ from pipeline.analysis import Analysis, AnalysisSettings, Emit
 from pipeline.errors import PipelineError
 from pipeline.intake import FrameIntake, install_tap, schedule_pli
 from pipeline.processor import load_processor
+from pipeline.rtp_guard import RtpGuard
 from pipeline.runtime import SessionRuntime
 from registry.deletion import DeleteResult
 from registry.errors import RegistryError
@@ -179,6 +180,7 @@ class SessionManager:
             (
                 "frames_decoded",
                 "frames_dropped",
+                "frames_oversized",
                 "decode_errors",
                 "inbound_bytes",
                 "rtp_packets_lost",
@@ -188,6 +190,9 @@ class SessionManager:
             0,
         )
         """Counters of closed sessions (live ones are added at scrape time)."""
+        self.rtp_discarded: dict[str, int] = RtpGuard().counts()
+        """Of closed sessions: datagrams and RTP packets that never reached a frame, by
+        reason (:class:`pipeline.rtp_guard.RtpGuard`; live ones added at scrape time)."""
         self.post_latency = Histogram(LATENCY_S)
         self.first_frame_latency = Histogram(LATENCY_S)
 
@@ -581,6 +586,9 @@ class SessionManager:
         totals["frames_decoded"] += after.frames_decoded()
         totals["decode_errors"] += after.decode_errors()
         totals["frames_dropped"] += after.frames_dropped
+        totals["frames_oversized"] += after.frames_oversized
+        for why, count in after.rtp_discarded.items():
+            self.rtp_discarded[why] = self.rtp_discarded.get(why, 0) + count
         totals["inbound_bytes"] += after.bytes_in
         totals["rtp_packets_lost"] += before.packets_lost
         if missed:
