@@ -231,14 +231,18 @@ def _git_commit() -> str | None:
     return out.stdout.strip() or None
 
 
-def fdatasync_probe(base: Path, count: int = 200) -> dict[str, float]:
+def fdatasync_probe(base: Path, count: int = 200, preallocate: bool = False) -> dict[str, float]:
     """Latency of one small pwrite + fdatasync on the benchmark filesystem (the floor
-    of any one-transaction-per-event store)."""
+    of any one-transaction-per-event store): appending to a growing file, or writing
+    into space allocated beforehand (as the WAL's active segment is)."""
     path = base / "fsync-probe"
     fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
     durations: list[float] = []
     try:
         payload = b"x" * 128
+        if preallocate:
+            os.posix_fallocate(fd, 0, count * len(payload))
+            os.fsync(fd)
         for i in range(count):
             os.pwrite(fd, payload, i * len(payload))
             t0 = time.perf_counter()
@@ -252,6 +256,10 @@ def fdatasync_probe(base: Path, count: int = 200) -> dict[str, float]:
 
 def machine_info(base: Path) -> dict[str, Any]:
     fsync = fdatasync_probe(base)
+    try:
+        fsync_preallocated: dict[str, Any] = fdatasync_probe(base, preallocate=True)
+    except OSError as exc:  # a filesystem without fallocate: the WAL grows per write there
+        fsync_preallocated = {"n": 0, "error": str(exc)}
     return {
         "date_utc": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
         "python": sys.version.split()[0],
@@ -266,6 +274,7 @@ def machine_info(base: Path) -> dict[str, Any]:
         "data_base_dir": str(base),
         "filesystem": _filesystem(base.resolve()),
         "fdatasync_128b_us": fsync,
+        "fdatasync_128b_preallocated_us": fsync_preallocated,
         "one_fdatasync_per_event_ceiling_per_s": round(1e6 / fsync["p50"]),
         "loadavg_start": [round(x, 2) for x in os.getloadavg()],
         "git_commit": _git_commit(),
@@ -576,6 +585,9 @@ def summarize_load(store: str, producers: int, rep: int, out: LoadOutcome) -> di
         },
         "errors": out.errors,
         "process_cpu_cores_used": round(out.cpu_s / max(1e-9, last_end - out.t_begin), 2),
+        "process_cpu_us_per_append": round(
+            out.cpu_s / max(1, sum(len(trace.ends) for trace in out.traces)) * 1e6, 1
+        ),
         **out.extra,
         "_latencies": latencies,
     }
@@ -682,6 +694,9 @@ def appends_section(base: Path, args: argparse.Namespace) -> dict[str, Any]:
             "process_cpu_cores_used": "process CPU (user+sys, all threads) / wall time of "
             "the load; below 1.0 on a GIL-bound run means CPU was taken by others or "
             "threads waited (fsync, GIL hand-offs)",
+            "process_cpu_us_per_append": "the same process CPU / every append completed "
+            "from the start of the load (warm-up included): the CPU cost of one append, "
+            "whatever waited",
         },
         "stores": STORE_DESCRIPTIONS,
         "summary": summary,

@@ -43,6 +43,17 @@ class Histogram:
             self._counts[index] += 1
             self._sum += value
 
+    def observe_many(self, values: Sequence[float]) -> None:
+        """Record several values under one lock acquisition (a batch of confirmations)."""
+        bounds = self._bounds
+        indexes = [bisect_left(bounds, value) for value in values]
+        total = sum(values)
+        with self._lock:
+            counts = self._counts
+            for index in indexes:
+                counts[index] += 1
+            self._sum += total
+
     def read(self) -> HistogramReading:
         """A consistent reading."""
         with self._lock:

@@ -13,20 +13,26 @@ Rules the scanner enforces:
 
 - A frame is *valid* when its length fits, its CRC matches and its seq is exactly the
   next expected one.
-- The first invalid frame ends the intact prefix. In the last segment, if no valid frame
-  can be found anywhere after that point, the rest is a **torn tail** (a write the crash
-  interrupted) and may be truncated. Otherwise, or in any earlier segment, it is
-  **corruption**: records after it exist but cannot be trusted in order, so it is
-  reported, never silently skipped.
+- The first invalid frame ends the intact prefix. If everything from there to the end of
+  the segment is zero bytes, it is space the writer preallocated and never wrote (in any
+  segment: no frame can hide in zeros, and the next segment's first seq still has to
+  follow on): a **torn tail**, reported with ``zero_tail`` set. Otherwise, in the last
+  segment, if no valid frame can be found anywhere after that point, the rest is a torn
+  tail (a write the crash interrupted) and may be truncated. Otherwise, or in any
+  earlier segment, it is **corruption**: records after it exist but cannot be trusted in
+  order, so it is reported, never silently skipped.
 """
 
 from __future__ import annotations
 
 import json
+import json.encoder
+import re
 import struct
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from enum import Enum
+from typing import Any
 
 import crc32c
 
@@ -40,9 +46,41 @@ PAYLOAD_HEADER = struct.Struct("<QqHHH")
 MIN_PAYLOAD = PAYLOAD_HEADER.size
 DEFAULT_MAX_RECORD_BYTES = 64 * 1024
 
-# One encoder for the process: json.dumps with non-default options builds a new
-# JSONEncoder per call (measured 3.8 us vs 2.5 us per small event).
-_encode_json = json.JSONEncoder(separators=(",", ":"), allow_nan=False).encode
+FRAME_OVERHEAD = FRAME_HEADER.size + SEQ.size
+"""Bytes a frame adds to its body (length, CRC, seq)."""
+
+
+def _not_serializable(value: object) -> object:
+    raise TypeError(f"Object of type {type(value).__name__} is not JSON serializable")
+
+
+# One C encoder for the whole process, called directly: ``JSONEncoder.encode`` builds a
+# new one (and a float formatter) on every call. Measured on a small ``stats`` dict:
+# 2.9 us through ``JSONEncoder.encode``, 1.4 us direct. No circular-reference markers:
+# a cycle ends in RecursionError instead, refused like any other non-JSON data. The
+# output is byte-identical to ``json.dumps(data, separators=(",", ":"))``.
+_c_make_encoder: Any = getattr(json.encoder, "c_make_encoder", None)
+if _c_make_encoder is not None:
+    _json_chunks = _c_make_encoder(
+        None,
+        _not_serializable,
+        json.encoder.encode_basestring_ascii,
+        None,
+        ":",
+        ",",
+        False,
+        False,
+        False,
+    )
+
+    def _encode_json(data: object) -> str:
+        return "".join(_json_chunks(data, 0))
+
+else:  # pragma: no cover - CPython always has the C accelerator
+    _fallback = json.JSONEncoder(separators=(",", ":"), allow_nan=False, check_circular=False)
+
+    def _encode_json(data: object) -> str:
+        return _fallback.encode(data)
 
 
 def encode_body(event: NewEvent, max_record_bytes: int = DEFAULT_MAX_RECORD_BYTES) -> bytes:
@@ -56,19 +94,21 @@ def encode_body(event: NewEvent, max_record_bytes: int = DEFAULT_MAX_RECORD_BYTE
     principal = event.principal.encode()
     try:
         data = _encode_json(event.data).encode()
-    except (TypeError, ValueError) as exc:
+    except (TypeError, ValueError, RecursionError) as exc:
         raise InvalidEventError(f"event data is not serializable JSON: {exc}") from exc
-    body = (
-        BODY_HEADER.pack(event.ts_ms, len(run_id), len(etype), len(principal))
-        + run_id
-        + etype
-        + principal
-        + data
+    body = b"".join(
+        (
+            BODY_HEADER.pack(event.ts_ms, len(run_id), len(etype), len(principal)),
+            run_id,
+            etype,
+            principal,
+            data,
+        )
     )
-    size = FRAME_HEADER.size + SEQ.size + len(body)
-    if size > max_record_bytes:
+    if FRAME_OVERHEAD + len(body) > max_record_bytes:
         raise EventTooLargeError(
-            f"event of type {event.type!r} encodes to {size} bytes; the limit is {max_record_bytes}"
+            f"event of type {event.type!r} encodes to {FRAME_OVERHEAD + len(body)} bytes; "
+            f"the limit is {max_record_bytes}"
         )
     return body
 
@@ -78,6 +118,29 @@ def encode_frame(seq: int, body: bytes) -> bytes:
     seq_bytes = SEQ.pack(seq)
     crc = crc32c.crc32c(body, crc32c.crc32c(seq_bytes))
     return FRAME_HEADER.pack(len(body) + SEQ.size, crc) + seq_bytes + body
+
+
+def encode_frames(first_seq: int, bodies: Iterable[bytes]) -> bytes:
+    """The frames of ``bodies`` with consecutive seqs from ``first_seq``, concatenated.
+
+    Same bytes as joining :func:`encode_frame` of each; frame ``i`` is
+    ``FRAME_OVERHEAD + len(bodies[i])`` long. One join for the batch (the writer's
+    ``pwrite``) instead of a concatenation per frame.
+    """
+    parts: list[bytes] = []
+    append = parts.append
+    pack_seq = SEQ.pack
+    pack_header = FRAME_HEADER.pack
+    checksum = crc32c.crc32c
+    seq_size = SEQ.size
+    seq = first_seq
+    for body in bodies:
+        seq_bytes = pack_seq(seq)
+        append(pack_header(len(body) + seq_size, checksum(body, checksum(seq_bytes))))
+        append(seq_bytes)
+        append(body)
+        seq += 1
+    return b"".join(parts)
 
 
 def decode_payload(payload: bytes | memoryview) -> Event:
@@ -132,6 +195,8 @@ class ScanOutcome:
     next_seq: int = 0
     """The seq the next valid record must carry."""
     reason: str = ""
+    zero_tail: bool = False
+    """The segment ends in zero bytes after ``good_end``: preallocated, never written."""
 
 
 def _frame_ok(buf: bytes, offset: int, expect_seq: int, max_record_bytes: int) -> str:
@@ -154,16 +219,35 @@ def _frame_ok(buf: bytes, offset: int, expect_seq: int, max_record_bytes: int) -
     return ""
 
 
+_NONZERO = re.compile(rb"[^\x00]")
+
+
+def _all_zero_from(buf: bytes, start: int) -> bool:
+    return buf.count(0, start) == len(buf) - start
+
+
 def _valid_frame_after(buf: bytes, start: int, min_seq: int, max_record_bytes: int) -> int:
     """Find any checksum-valid frame with seq >= ``min_seq`` at an offset > ``start``.
 
     Returns its offset or -1. Costs one header probe per byte of the remainder, and a CRC
-    only where the length field is plausible; called only after a bad frame.
+    only where the length field is plausible; called only after a bad frame. Runs of
+    zero bytes (preallocated space) are skipped in C: a frame's length field is not 0.
     """
     end = len(buf)
     view = memoryview(buf)
-    for pos in range(start + 1, end - FRAME_HEADER.size - MIN_PAYLOAD + 1):
+    pos = start
+    stop = end - FRAME_HEADER.size - MIN_PAYLOAD + 1
+    while True:
+        pos += 1
+        if pos >= stop:
+            return -1
         length, crc = FRAME_HEADER.unpack_from(buf, pos)
+        if length == 0:
+            found = _NONZERO.search(buf, pos)
+            if found is None:
+                return -1
+            pos = max(pos, found.start() - 4)
+            continue
         if length < MIN_PAYLOAD or length + FRAME_HEADER.size > max_record_bytes:
             continue
         payload_start = pos + FRAME_HEADER.size
@@ -174,7 +258,6 @@ def _valid_frame_after(buf: bytes, start: int, min_seq: int, max_record_bytes: i
         (seq,) = SEQ.unpack_from(buf, payload_start)
         if seq >= min_seq:
             return pos
-    return -1
 
 
 def scan_frames(
@@ -217,6 +300,11 @@ def scan_frames(
         if not valid:
             outcome.good_end = offset
             outcome.next_seq = expect_seq
+            if _all_zero_from(buf, offset):
+                outcome.reason = f"unwritten (zero) space from offset {offset}"
+                outcome.zero_tail = True
+                outcome.end = ScanEnd.TORN_TAIL
+                return
             problem = _frame_ok(buf, offset, expect_seq, max_record_bytes)
             outcome.reason = f"{problem} at offset {offset}"
             later = _valid_frame_after(buf, offset, expect_seq, max_record_bytes)

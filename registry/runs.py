@@ -83,6 +83,8 @@ STREAM_TRANSITIONS: dict[tuple[StreamState | None, str], StreamState] = {
 """Allowed stream-state moves. Event types absent from every key move nothing."""
 
 _STATE_EVENTS = frozenset(event_type for _, event_type in STREAM_TRANSITIONS)
+_MOVING_EVENTS = frozenset(str(t) for t in _STATE_EVENTS | {EventType.RUN_DELETED})
+"""Event types that can change more than ``last_seq``/last activity of a known run."""
 
 
 class InvalidTransitionError(Exception):
@@ -208,10 +210,23 @@ class RunRegistry:
             )
 
     def apply_many(self, events: Iterable[Event]) -> None:
-        """Apply a durable batch under one lock acquisition."""
+        """Apply a durable batch under one lock acquisition.
+
+        Most events (``stats``, analyzer events) move no state: for a known run they only
+        advance ``last_seq`` and last activity, inline, without the general transition.
+        """
+        runs = self._runs
+        moving = _MOVING_EVENTS
         with self._lock:
             for ev in events:
-                self._apply_locked(ev.run_id, ev.type, ev.ts_ms, ev.principal, ev.seq, ev.data, ev)
+                seq, run_id, etype, ts_ms, principal, data = ev
+                run = runs.get(run_id)
+                if run is not None and etype not in moving and not run.placeholder:
+                    run.last_seq = seq
+                    if ts_ms > run.last_activity_ms:
+                        run.last_activity_ms = ts_ms
+                    continue
+                self._apply_locked(run_id, etype, ts_ms, principal, seq, data, ev)
 
     def apply_record(
         self,
@@ -229,7 +244,7 @@ class RunRegistry:
     NEEDS_DATA = frozenset({EventType.RUN_CREATED.value})
     """Event types whose ``data`` recovery must decode for :meth:`apply_record`."""
 
-    STATE_EVENTS = frozenset(str(t) for t in _STATE_EVENTS | {EventType.RUN_DELETED})
+    STATE_EVENTS = _MOVING_EVENTS
     """Event types that change a run's state; recovery replays only these (and each
     run's first event) through :meth:`apply_record`, then :meth:`finish_recovery`."""
 

@@ -18,6 +18,14 @@ Ownership and threads:
   append get :class:`TimelineBrokenError`. Either way, an append that was refused may or
   may not be found after a restart; one that was confirmed is always found.
 - Readers (any thread) use their own read-only descriptors and ``os.pread``.
+- The active segment is preallocated ahead of the writes (``posix_fallocate``, in steps
+  of :data:`PREALLOCATE_BYTES`, never past ``segment_bytes`` unless one batch needs it):
+  an ``fdatasync`` that does not have to grow the file is measurably cheaper (ext4, this
+  project's bench disk: p50 ~110-130 us growing vs ~75-85 us within allocated space) and
+  does not queue behind other files' journal commits. A segment is cut back to its last
+  frame when the writer moves to the next one and on a clean close, so only the active
+  segment of a log that crashed ends in zeros, which recovery truncates like any torn
+  tail (see :mod:`registry.record`).
 
 Recovery (:meth:`Wal.recover`, before the writer starts) scans every segment in order
 and applies the rules of :mod:`registry.record`: a torn tail of the last segment is
@@ -32,6 +40,8 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import contextlib
+import errno
 import logging
 import os
 import threading
@@ -39,7 +49,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Literal, Protocol
+from typing import Literal, NoReturn, Protocol, cast
 
 from registry.errors import (
     AppendFailedError,
@@ -49,15 +59,17 @@ from registry.errors import (
     TimelineClosedError,
 )
 from registry.events import Event, NewEvent
+from registry.histogram import LATENCY_S, Histogram
 from registry.index import OFFSET_BITS, EventIndex, Position, RunPositions
 from registry.record import (
     DEFAULT_MAX_RECORD_BYTES,
+    FRAME_OVERHEAD,
     ScanEnd,
     ScanOutcome,
     decode_frame_at,
     decode_payload,
     encode_body,
-    encode_frame,
+    encode_frames,
     scan_frames,
     scan_segment,
 )
@@ -70,6 +82,8 @@ SEGMENT_SUFFIX = ".wal"
 RecordHook = Callable[[str, str, int, int, bytes, int], None]
 """Recovery callback: ``(run_id, type, seq, ts_ms, segment_bytes, offset)``."""
 DEFAULT_SEGMENT_BYTES = 64 * 1024 * 1024
+PREALLOCATE_BYTES = 4 * 1024 * 1024
+"""How far ahead of the writes the active segment is allocated at a time."""
 
 
 class WalFaults(Protocol):
@@ -105,15 +119,25 @@ class RecoveryReport:
     seconds: float = 0.0
 
 
+@dataclass(frozen=True, slots=True)
+class DurableBatch:
+    """One group commit, as the hooks see it (built once per batch by the writer)."""
+
+    events: list[Event]
+    """The batch's events in seq order."""
+    by_run: dict[str, list[Event]]
+    """The same events grouped by run (each list in seq order), runs in first-seen order."""
+
+
 @dataclass(slots=True)
 class WalHooks:
     """Callbacks the writer thread runs; they must not raise (errors are logged)."""
 
-    on_durable: Callable[[list[Event]], None] | None = None
+    on_durable: Callable[[DurableBatch], None] | None = None
     """After a batch is durable and indexed, before its producers are confirmed."""
     on_failed: Callable[[list[NewEvent]], None] | None = None
     """After a batch failed; its producers are told right after."""
-    after_confirm: Callable[[list[Event]], None] | None = None
+    after_confirm: Callable[[DurableBatch], None] | None = None
     """After the producers of a durable batch were confirmed."""
     on_idle: Callable[[], bool] | None = None
     """Background work run by the writer between batches while the queue is empty, in
@@ -131,22 +155,21 @@ class WalStats:
     last_batch_size: int = 0
 
 
-class _Pending:
-    __slots__ = ("afut", "body", "cfut", "event", "loop")
+_Pending = tuple[
+    NewEvent,
+    bytes,
+    asyncio.AbstractEventLoop | None,
+    "asyncio.Future[int] | concurrent.futures.Future[int]",
+    float,
+]
+"""What a producer queues: ``(event, encoded body, loop or None, future, monotonic start)``.
 
-    def __init__(
-        self,
-        event: NewEvent,
-        body: bytes,
-        loop: asyncio.AbstractEventLoop | None,
-        afut: asyncio.Future[int] | None,
-        cfut: concurrent.futures.Future[int] | None,
-    ) -> None:
-        self.event = event
-        self.body = body
-        self.loop = loop
-        self.afut = afut
-        self.cfut = cfut
+A plain tuple: one is built per append (0.05 us, a slots class 0.5 us). ``loop`` is None
+for thread producers, whose future is a :class:`concurrent.futures.Future`."""
+
+_monotonic = time.monotonic
+_new_event = tuple.__new__
+"""Builds an :class:`Event` from its six fields without the NamedTuple ``__new__`` call."""
 
 
 def settle_futures(results: list[tuple[asyncio.Future[int], int | BaseException]]) -> None:
@@ -198,12 +221,19 @@ class Wal:
         self.faults = faults
         self.index = EventIndex()
         self.stats = WalStats()
+        self._max_record_bytes = self.options.max_record_bytes
+        self.confirm_latency = Histogram(LATENCY_S)
+        """Seconds from an asyncio append's start to its future being resolved on its
+        loop (observed once per batch and loop; thread producers are not timed)."""
         self._queue: SubmissionQueue[_Pending] = SubmissionQueue(self.options.queue_capacity)
         self._segments: list[Path] = []
         self._readers: dict[int, int] = {}
         self._readers_lock = threading.Lock()
         self._fd: int | None = None
         self._size = 0
+        self._allocated = 0
+        """The active segment's file size: ``_size`` plus preallocated, unwritten space."""
+        self._preallocate = True
         self._next_seq = 1
         self._broken: BaseException | None = None
         self._thread: threading.Thread | None = None
@@ -262,12 +292,14 @@ class Wal:
             expect = outcome.next_seq
             good_end = outcome.good_end
             if outcome.end is ScanEnd.TORN_TAIL:
-                report.torn_tail_bytes = len(buf) - outcome.good_end
-                logger.warning(
+                cut = len(buf) - outcome.good_end
+                report.torn_tail_bytes += cut
+                logger.log(
+                    logging.INFO if outcome.zero_tail else logging.WARNING,
                     "wal: torn tail in %s (%s): truncating %d bytes after seq %d",
                     path.name,
                     outcome.reason,
-                    report.torn_tail_bytes,
+                    cut,
                     expect - 1,
                 )
                 with open(path, "r+b") as fh:
@@ -291,6 +323,7 @@ class Wal:
         if self._segments:
             self._size = good_end
             self._fd = os.open(self._segments[-1], os.O_RDWR)
+            self._allocated = os.fstat(self._fd).st_size
         else:
             self._create_segment(self._next_seq)
         self._recovered = True
@@ -345,6 +378,9 @@ class Wal:
         )
 
     def _create_segment(self, first_seq: int) -> None:
+        # The segment we leave must end at its last frame, durably, before a later one
+        # exists: recovery accepts zeros only where the writer may have stopped.
+        self._cut_preallocation()
         path = self.dir / segment_name(first_seq)
         fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o644)
         _fsync_dir(self.dir)
@@ -353,6 +389,29 @@ class Wal:
         self._fd = fd
         self._segments.append(path)
         self._size = 0
+        self._allocated = 0
+
+    def _cut_preallocation(self) -> None:
+        """Truncate the active segment's unwritten space and make that durable."""
+        if self._fd is not None and self._allocated > self._size:
+            os.ftruncate(self._fd, self._size)
+            os.fdatasync(self._fd)
+            self._allocated = self._size
+
+    def _preallocate_for(self, fd: int, end: int) -> None:
+        """Make sure the active segment is allocated up to ``end`` (and a step ahead)."""
+        if not self._preallocate or end <= self._allocated:
+            return
+        target = max(end, min(self._allocated + PREALLOCATE_BYTES, self.options.segment_bytes))
+        try:
+            os.posix_fallocate(fd, self._allocated, target - self._allocated)
+        except OSError as exc:
+            if exc.errno not in (errno.EOPNOTSUPP, errno.ENOSYS, errno.EINVAL):
+                raise
+            logger.info("wal: %s cannot preallocate (%s); segments grow per write", self.dir, exc)
+            self._preallocate = False
+            return
+        self._allocated = target
 
     # ---------------------------------------------------------------- writer
 
@@ -378,6 +437,11 @@ class Wal:
                 return
             self._thread = None
         errors: list[OSError] = []
+        if self._broken is None:
+            try:
+                self._cut_preallocation()
+            except OSError as exc:
+                errors.append(exc)
         with self._readers_lock:
             fds = list(self._readers.values())
             self._readers.clear()
@@ -439,21 +503,17 @@ class Wal:
         fd = self._fd
         assert fd is not None
         seg_id = len(self._segments) - 1
-        frames: list[bytes] = []
-        positions: list[tuple[int, int]] = []
-        offset = self._size
-        for i, pending in enumerate(batch):
-            frame = encode_frame(first + i, pending.body)
-            frames.append(frame)
-            positions.append((offset, len(frame)))
-            offset += len(frame)
+        start = self._size
         try:
             if self.faults is not None:
                 self.faults.before_write(first, len(batch))
-            _pwrite_all(fd, b"".join(frames), self._size)
+            data = encode_frames(first, [pending[1] for pending in batch])
+            self._preallocate_for(fd, start + len(data))
+            _pwrite_all(fd, data, start)
         except OSError as exc:
             try:
-                os.ftruncate(fd, self._size)
+                os.ftruncate(fd, start)
+                self._allocated = start
             except OSError as trunc_exc:
                 self._broken = trunc_exc
                 self._fail(batch, TimelineBrokenError("WAL write failed, rollback failed"), exc)
@@ -475,23 +535,42 @@ class Wal:
             logger.critical("wal: fdatasync failed, the log is now read-only: %s", exc)
             self._fail(batch, TimelineBrokenError("WAL fsync failed"), exc)
             return
-        self._size = offset
+        self._size = start + len(data)
         self._next_seq = first + len(batch)
         stats = self.stats
         stats.fsyncs += 1
         stats.batches += 1
         stats.appended += len(batch)
         stats.last_batch_size = len(batch)
-        events: list[Event] = []
-        add = self.index.add
-        for i, pending in enumerate(batch):
-            ev = pending.event
-            seq = first + i
-            events.append(Event(seq, ev.run_id, ev.type, ev.ts_ms, ev.principal, ev.data))
-            add(ev.run_id, seq, seg_id, positions[i][0], positions[i][1], ev.ts_ms)
-        self._run_hook(self.hooks.on_durable, events)
+        durable = self._index(batch, first, (seg_id << OFFSET_BITS) | start)
+        self._run_hook(self.hooks.on_durable, durable)
         self._confirm(batch, first)
-        self._run_hook(self.hooks.after_confirm, events)
+        self._run_hook(self.hooks.after_confirm, durable)
+
+    def _index(self, batch: list[_Pending], first: int, loc: int) -> DurableBatch:
+        """Seqs become events; each goes into the index at ``loc`` (segment | offset)."""
+        events: list[Event] = []
+        by_run: dict[str, list[Event]] = {}
+        positions_for = self.index.positions_for
+        seq = first
+        for pending in batch:
+            run_id, etype, principal, data, ts_ms = pending[0]
+            event = _new_event(Event, (seq, run_id, etype, ts_ms, principal, data))
+            events.append(event)
+            group = by_run.get(run_id)
+            if group is None:
+                by_run[run_id] = [event]
+            else:
+                group.append(event)
+            length = len(pending[1]) + FRAME_OVERHEAD
+            run = positions_for(run_id)
+            run.seqs.append(seq)
+            run.locs.append(loc)
+            run.lens.append(length)
+            run.last_ts = ts_ms
+            loc += length
+            seq += 1
+        return DurableBatch(events, by_run)
 
     def _run_idle(self) -> bool:
         assert self.hooks.on_idle is not None
@@ -501,67 +580,100 @@ class Wal:
             logger.exception("wal: idle work failed; abandoned")
             return False
 
-    def _run_hook(self, hook: Callable[[list[Event]], None] | None, events: list[Event]) -> None:
+    def _run_hook(self, hook: Callable[[DurableBatch], None] | None, batch: DurableBatch) -> None:
         if hook is None:
             return
         try:
-            hook(events)
+            hook(batch)
         except Exception:
             logger.exception(
-                "wal: hook %r failed for seqs %d..%d", hook, events[0].seq, events[-1].seq
+                "wal: hook %r failed for seqs %d..%d",
+                hook,
+                batch.events[0].seq,
+                batch.events[-1].seq,
             )
 
     def _confirm(self, batch: list[_Pending], first: int) -> None:
-        by_loop: dict[
-            asyncio.AbstractEventLoop, list[tuple[asyncio.Future[int], int | BaseException]]
-        ] = {}
-        for i, pending in enumerate(batch):
-            if pending.cfut is not None:
-                pending.cfut.set_result(first + i)
-            elif pending.afut is not None and pending.loop is not None:
-                by_loop.setdefault(pending.loop, []).append((pending.afut, first + i))
-        self._settle_loops(by_loop)
+        """Tell every producer its seq: thread futures directly, loop futures with one
+        ``call_soon_threadsafe`` per loop and batch."""
+        groups: dict[asyncio.AbstractEventLoop, tuple[list[asyncio.Future[int]], list[int]]] = {}
+        starts: dict[asyncio.AbstractEventLoop, list[float]] = {}
+        last_loop: asyncio.AbstractEventLoop | None = None
+        futs: list[asyncio.Future[int]] = []
+        seqs: list[int] = []
+        began: list[float] = []
+        for seq, (_event, _body, loop, fut, started) in enumerate(batch, first):
+            if loop is None:
+                try:
+                    fut.set_result(seq)
+                except concurrent.futures.InvalidStateError:  # the caller cancelled it
+                    logger.debug("wal: seq %d is durable; its future was cancelled", seq)
+                continue
+            if loop is not last_loop:
+                group = groups.get(loop)
+                if group is None:
+                    group = groups[loop] = ([], [])
+                    starts[loop] = []
+                futs, seqs = group
+                began = starts[loop]
+                last_loop = loop
+            futs.append(cast("asyncio.Future[int]", fut))
+            seqs.append(seq)
+            began.append(started)
+        for loop, (futs, seqs) in groups.items():
+            try:
+                loop.call_soon_threadsafe(self._settle, futs, seqs, starts[loop])
+            except RuntimeError:
+                logger.warning(
+                    "wal: a producer's event loop is closed; %d confirmations dropped", len(futs)
+                )
+
+    def _settle(
+        self, futs: list[asyncio.Future[int]], seqs: list[int], starts: list[float]
+    ) -> None:
+        """On the producers' loop: resolve their futures, then record confirm latencies."""
+        for fut, seq in zip(futs, seqs, strict=True):
+            if not fut.done():
+                fut.set_result(seq)
+        now = _monotonic()
+        self.confirm_latency.observe_many([now - started for started in starts])
 
     def _fail(self, batch: list[_Pending], error: RegistryError, cause: BaseException) -> None:
         self.stats.failed_batches += 1
         error.__cause__ = cause
         if self.hooks.on_failed is not None:
             try:
-                self.hooks.on_failed([p.event for p in batch])
+                self.hooks.on_failed([pending[0] for pending in batch])
             except Exception:
                 logger.exception("wal: on_failed hook failed")
         by_loop: dict[
             asyncio.AbstractEventLoop, list[tuple[asyncio.Future[int], int | BaseException]]
         ] = {}
-        for pending in batch:
-            if pending.cfut is not None:
-                pending.cfut.set_exception(error)
-            elif pending.afut is not None and pending.loop is not None:
-                by_loop.setdefault(pending.loop, []).append((pending.afut, error))
-        self._settle_loops(by_loop)
-
-    @staticmethod
-    def _settle_loops(
-        by_loop: dict[
-            asyncio.AbstractEventLoop, list[tuple[asyncio.Future[int], int | BaseException]]
-        ],
-    ) -> None:
+        for _event, _body, loop, fut, _started in batch:
+            if loop is None:
+                with contextlib.suppress(concurrent.futures.InvalidStateError):
+                    fut.set_exception(error)
+            else:
+                by_loop.setdefault(loop, []).append((cast("asyncio.Future[int]", fut), error))
         for loop, results in by_loop.items():
             try:
                 loop.call_soon_threadsafe(settle_futures, results)
             except RuntimeError:
                 logger.warning(
-                    "wal: a producer's event loop is closed; %d confirmations dropped", len(results)
+                    "wal: a producer's event loop is closed; %d failures dropped", len(results)
                 )
 
     # ---------------------------------------------------------------- producers
 
-    def _encode(self, event: NewEvent) -> bytes:
+    def _refuse(self) -> NoReturn:
         if self._broken is not None:
             raise TimelineBrokenError("the WAL is broken") from self._broken
-        if self._queue.closed:
-            raise TimelineClosedError("the timeline is closed")
-        return encode_body(event, self.options.max_record_bytes)
+        raise TimelineClosedError("the timeline is closed")
+
+    def _encode(self, event: NewEvent) -> bytes:
+        if self._broken is not None or self._queue.closed:
+            self._refuse()
+        return encode_body(event, self._max_record_bytes)
 
     async def submit(self, event: NewEvent) -> asyncio.Future[int]:
         """Queue ``event``; the returned future resolves to its seq once it is durable.
@@ -569,20 +681,34 @@ class Wal:
         Cancellation: if cancelled while waiting for queue space, nothing was queued.
         Once this returns, the append happens whatever the caller does next.
         """
+        started = _monotonic()
         body = self._encode(event)
         loop = asyncio.get_running_loop()
         fut: asyncio.Future[int] = loop.create_future()
-        await self._queue.put(_Pending(event, body, loop, fut, None))
+        item: _Pending = (event, body, loop, fut, started)
+        if not self._queue.offer(item):
+            await self._queue.put(item)
         return fut
 
     async def append(self, event: NewEvent) -> int:
         """Append durably and return the seq.
 
+        One coroutine, no intermediate awaits: encode, queue without waiting when there
+        is room (:meth:`SubmissionQueue.offer`), then wait for the writer's confirmation.
+
         Cancellation: before the event is queued, nothing is written; after, the event is
         still written (the writer does not look back) but the caller no longer learns
         its seq.
         """
-        fut = await self.submit(event)
+        started = _monotonic()
+        if self._broken is not None or self._queue.closed:
+            self._refuse()
+        body = encode_body(event, self._max_record_bytes)
+        loop = asyncio.get_running_loop()
+        fut: asyncio.Future[int] = loop.create_future()
+        item: _Pending = (event, body, loop, fut, started)
+        if not self._queue.offer(item):
+            await self._queue.put(item)
         return await fut
 
     def submit_blocking(
@@ -591,14 +717,14 @@ class Wal:
         """Queue from a worker thread, waiting up to ``timeout`` s for queue space."""
         body = self._encode(event)
         cfut: concurrent.futures.Future[int] = concurrent.futures.Future()
-        self._queue.put_blocking(_Pending(event, body, None, None, cfut), timeout)
+        self._queue.put_blocking((event, body, None, cfut, 0.0), timeout)
         return cfut
 
     def submit_nowait(self, event: NewEvent) -> concurrent.futures.Future[int]:
         """Queue without ever blocking; raises :class:`QueueFullError` when full."""
         body = self._encode(event)
         cfut: concurrent.futures.Future[int] = concurrent.futures.Future()
-        self._queue.put_nowait(_Pending(event, body, None, None, cfut))
+        self._queue.put_nowait((event, body, None, cfut, 0.0))
         return cfut
 
     # ---------------------------------------------------------------- readers
@@ -657,6 +783,8 @@ class Wal:
 
 __all__ = [
     "DEFAULT_SEGMENT_BYTES",
+    "PREALLOCATE_BYTES",
+    "DurableBatch",
     "RecoveryReport",
     "Wal",
     "WalFaults",

@@ -549,16 +549,20 @@ def walk_log(data_dir: Path) -> tuple[int, list[str]]:
     """Walk every segment with :func:`walk_frames`: (records, problems found).
 
     A problem is a segment whose name is not its first seq, or bytes after its last
-    valid frame. A recovered log has none: torn tails are truncated, not skipped.
+    valid frame. A recovered log has none: torn tails are truncated, not skipped. The one
+    exception is the space the writer preallocates in the segment it is writing to: only
+    zero bytes, and only after the last frame of the last segment.
     """
     problems: list[str] = []
     records = 0
-    for path in segment_paths(data_dir):
+    paths = segment_paths(data_dir)
+    for path in paths:
         buf = path.read_bytes()
         if buf and int(path.stem) != records + 1:
             problems.append(f"{path.name} starts at seq {records + 1}")
         frames, end = walk_frames(buf, records + 1)
-        if end != len(buf):
+        preallocated = path == paths[-1] and buf.count(0, end) == len(buf) - end
+        if end != len(buf) and not preallocated:
             problems.append(f"{path.name}: {len(buf) - end} bytes after the last valid frame")
         records += len(frames)
     return records, problems

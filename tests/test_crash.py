@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import os
 import random
+import shutil
 import signal
 from pathlib import Path
 
@@ -161,3 +162,47 @@ def test_torn_tail_after_kill_is_truncated(tmp_path: Path, kind: str) -> None:
         verify_reopened(again, ledger)
     finally:
         again.close()
+
+
+def test_preallocated_space_never_outlives_the_segment_being_written(tmp_path: Path) -> None:
+    """The writer allocates the active segment ahead of its writes. Rotation and a clean
+    close cut it back to the last frame; a crash leaves zeros that recovery truncates."""
+    data_dir = tmp_path / "data"
+    config = TimelineConfig(data_dir, segment_bytes=SMALL_SEGMENTS)
+    timeline = Timeline.open(config)
+    try:
+        for i in range(1500):
+            data = {"i": i, "pad": "x" * 200}
+            timeline.append_blocking(NewEvent(f"run-{i % 7}", EventType.STATS, "p", data))
+        segments = segment_paths(data_dir)
+        assert len(segments) > 2
+        for path in segments[:-1]:  # left behind by rotations: frames only
+            frames, end = walk_frames(path.read_bytes(), int(path.stem))
+            assert end == path.stat().st_size and frames
+        active = segments[-1].read_bytes()
+        _, end = walk_frames(active, int(segments[-1].stem))
+        assert len(active) > end, "the active segment is allocated ahead"
+        assert active.count(0, end) == len(active) - end
+        # What a SIGKILL would leave on disk right now.
+        crashed = tmp_path / "crashed"
+        shutil.copytree(data_dir, crashed)
+    finally:
+        timeline.close()
+    _, end = walk_frames(segments[-1].read_bytes(), int(segments[-1].stem))
+    assert segments[-1].stat().st_size == end, "a clean close cuts the preallocation"
+
+    again = Timeline.open(TimelineConfig(data_dir, segment_bytes=SMALL_SEGMENTS))
+    try:
+        assert again.recovery is not None and again.recovery.torn_tail_bytes == 0
+    finally:
+        again.close()
+    after_crash = Timeline.open(TimelineConfig(crashed, segment_bytes=SMALL_SEGMENTS))
+    try:
+        report = after_crash.recovery
+        assert report is not None
+        assert report.corruption is None
+        assert report.torn_tail_bytes == len(active) - end > 0
+        assert report.last_seq == 1500
+        assert [e.data["i"] for e in after_crash.wal.read_all()] == list(range(1500))
+    finally:
+        after_crash.close()

@@ -10,6 +10,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from registry.events import Event, NewEvent
+from registry.snapshot import RunTail, extend_tail
 from registry.timeline import Timeline
 
 ops = st.lists(
@@ -170,3 +171,43 @@ def test_a_run_deleted_while_live_is_still_interrupted_after_a_crash(
     view = second.runs.get("r_a")
     assert view is not None and view.state == "deleted"
     assert second.runs.count_active_runs_for_principal("p") == 0
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    tail_events=st.integers(1, 80),
+    steps=st.lists(st.tuples(st.integers(1, 40), st.integers(0, 3)), min_size=1, max_size=30),
+    cursors=st.lists(st.integers(0, 700), min_size=1, max_size=6),
+    limit=st.integers(1, 90),
+)
+def test_a_run_tail_shows_what_it_showed_when_built(
+    tail_events: int, steps: list[tuple[int, int]], cursors: list[int], limit: int
+) -> None:
+    """Sans-IO model check of :func:`extend_tail`: each tail keeps showing exactly the
+    newest ``tail_events`` events of its own history, however its successors (or a fork
+    from an older tail, as after a publish that failed half-way) append to the open
+    chunk they share."""
+    seq = 0
+    tails: list[tuple[RunTail, list[Event]]] = []
+    for count, back in steps:
+        new = [Event(seq + i + 1, "r", "stats", 0, "p", {}) for i in range(count)]
+        seq += count
+        if tails:
+            # back > 0 extends an older tail again (a fork); 0 the newest one.
+            old, history = tails[max(0, len(tails) - 1 - back)]
+            tails.append((extend_tail(old, new, tail_events, False), history + new))
+        else:
+            tails.append((extend_tail(None, new, tail_events, True), new))
+    for tail, history in tails:
+        shown = history[-tail_events:]
+        complete = len(history) <= tail_events
+        seeded = RunTail.of(shown, complete)  # as recovery's warm-up builds it
+        for candidate in (tail, seeded):
+            assert list(candidate.events) == shown
+            assert candidate.size == len(shown)
+            assert candidate.complete == complete
+            for after in cursors:
+                assert candidate.covers(after) == (complete or shown[0].seq <= after + 1)
+                if candidate.covers(after):
+                    want = [e for e in shown if e.seq > after][:limit]
+                    assert candidate.after(after, limit) == want

@@ -141,3 +141,23 @@ def test_non_json_data_is_refused() -> None:
         encode_body(NewEvent("r", "stats", "p", {"x": object()}))
     with pytest.raises(InvalidEventError):
         encode_body(NewEvent("r", "stats", "p", {"x": float("nan")}))
+
+
+@pytest.mark.parametrize("is_last", [True, False])
+def test_zeros_after_the_last_frame_are_unwritten_space_in_any_segment(is_last: bool) -> None:
+    buf = _segment([NewEvent("r", "stats", "p", {"i": i}) for i in range(5)])
+    outcome = ScanOutcome()
+    infos = list(scan_segment(buf + bytes(4096), 1, outcome, is_last=is_last))
+    assert [i.seq for i in infos] == [1, 2, 3, 4, 5]
+    assert (outcome.end, outcome.good_end, outcome.zero_tail) == (ScanEnd.TORN_TAIL, len(buf), True)
+
+
+def test_anything_but_zeros_after_a_zero_gap_is_not_unwritten_space() -> None:
+    frames = [encode_frame(i, encode_body(NewEvent("r", "stats", "p", {"i": i}))) for i in (1, 2)]
+    outcome = ScanOutcome()
+    list(scan_segment(frames[0] + bytes(64) + b"\x01", 1, outcome, is_last=False))
+    assert outcome.end is ScanEnd.CORRUPT and not outcome.zero_tail
+    # A valid frame behind zeros, even far behind, is found: corruption, never truncated.
+    outcome = ScanOutcome()
+    list(scan_segment(frames[0] + bytes(100_000) + frames[1], 1, outcome, is_last=True))
+    assert outcome.end is ScanEnd.CORRUPT

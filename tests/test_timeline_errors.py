@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import threading
 from collections.abc import Callable
 from pathlib import Path
 
@@ -93,3 +94,30 @@ def test_segments_rotate_and_reads_span_them(
     cold = timeline.read_cold("r", 0, 1000)
     assert [e.seq for e in cold] == seqs
     assert [e.data["i"] for e in cold] == list(range(200))
+
+
+class WriteGate:
+    """Holds every batch before its write until ``open`` is set."""
+
+    def __init__(self) -> None:
+        self.open = threading.Event()
+
+    def before_write(self, first_seq: int, count: int) -> None:
+        assert self.open.wait(10)
+
+    def before_fsync(self) -> None:
+        return None
+
+
+def test_a_future_cancelled_by_its_worker_thread_does_not_break_the_log(
+    tmp_path: Path, timeline_factory: Callable[..., Timeline]
+) -> None:
+    gate = WriteGate()
+    timeline = timeline_factory(tmp_path / "d", faults=gate)
+    fut = timeline.append_nowait(NewEvent("r", "stats", "p", {"n": 1}))
+    assert fut.cancel(), "still queued or being written: cancellable"
+    gate.open.set()
+    assert timeline.append_blocking(NewEvent("r", "stats", "p", {"n": 2}), 10) == 2
+    assert timeline.ready and timeline.wal.broken is None
+    # Cancelling only dropped the answer: the event itself was written.
+    assert [e.data["n"] for e in timeline.read_run_events("r")] == [1, 2]
