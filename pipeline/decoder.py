@@ -40,8 +40,15 @@ DECODERS = {
 }
 """aiortc codec name (upper-cased) -> FFmpeg decoder."""
 
-AUDIO_FORMATS = {"opus": (48000, "stereo"), "g722": (16000, "mono")}
-"""Decoders that must be told the stream's rate and layout (others default to 8 kHz mono)."""
+AUDIO_FORMATS = {
+    "opus": (48000, "stereo"),
+    "g722": (16000, "mono"),
+    "pcm_mulaw": (8000, "mono"),
+    "pcm_alaw": (8000, "mono"),
+}
+"""The stream's rate and layout per audio decoder (RFC 3551). FFmpeg will not open a
+G.711 decoder without them: its first decode raised ``ArgumentError``, every later one
+``ValueError`` (a worker fault)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -116,12 +123,19 @@ class DecodeStats:
 Decoder = av.VideoCodecContext | av.AudioCodecContext
 
 
-def open_decoder(codec: str, codec_threads: int = 1) -> Decoder:
+def open_decoder(codec: str, codec_threads: int = 1, max_pixels: int | None = None) -> Decoder:
     """A PyAV decoder for aiortc's codec name (``H264``, ``VP8``, ``opus``, ...).
 
     ``codec_threads`` is FFmpeg's thread count (0: FFmpeg decides). More than one
     enables frame threading too, which delays output by up to that many frames (the
-    worker flushes them at end of stream). Raises ``ValueError`` for an unknown codec.
+    worker flushes them at end of stream). ``max_pixels`` (video only; None: FFmpeg's
+    default, no practical limit) is FFmpeg's ``max_pixels`` option: a picture of more
+    pixels (its width, which FFmpeg rounds up to a multiple of 64, times its height) is
+    refused by the decoder before it allocates it, and ``decode`` raises ``InvalidDataError``
+    (``ArgumentError`` for VP8's first one), which the worker counts as a decode error.
+    It is the bound on what one session's decoder holds: H.264 keeps up to 16 reference
+    pictures, so an 8K stream (33 Mpixel, 50 MB a picture) cost 148 MB.
+    Raises ``ValueError`` for an unknown codec.
     """
     name = DECODERS.get(codec.upper())
     if name is None:
@@ -139,6 +153,9 @@ def open_decoder(codec: str, codec_threads: int = 1) -> Decoder:
     context.thread_count = codec_threads
     if codec_threads != 1:
         context.thread_type = "AUTO"
+    if max_pixels is not None and isinstance(context, av.VideoCodecContext):
+        # Read when PyAV opens the context, at its first decode().
+        context.options = {"max_pixels": str(max_pixels)}
     return context
 
 
@@ -148,9 +165,13 @@ def decoder_worker(
     *,
     codec_threads: int = 1,
     keyframes_only: bool = False,
+    max_pixels: int | None = None,
     on_frame: FrameCallback | None = None,
 ) -> None:
     """Decode ``intake`` until end of stream (module doc). Runs on its own thread.
+
+    ``codec_threads`` and ``max_pixels`` go to :func:`open_decoder`: a picture over
+    ``max_pixels`` is a decode error like any undecodable frame.
 
     Returns when :meth:`FrameIntake.get` reports end of stream (after flushing the
     decoder). Stopping it: ``intake.close(drain=False)``; it notices at its next ``get``,
@@ -169,7 +190,7 @@ def decoder_worker(
             break
         stats.frames_in += 1
         if frame.codec != codec:
-            decoder = open_decoder(frame.codec, codec_threads)
+            decoder = open_decoder(frame.codec, codec_threads, max_pixels)
             codec = frame.codec
             stats.codec = codec
             resync = video

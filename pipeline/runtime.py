@@ -110,6 +110,7 @@ class SessionRuntime:
         on_frame: FrameCallback | None = None,
         codec_threads: int = 1,
         keyframes_only: bool = False,
+        max_pixels: int | None = None,
         max_workers: int | None = None,
         start_join_s: float = START_JOIN_S,
     ) -> None:
@@ -119,6 +120,7 @@ class SessionRuntime:
         self._on_frame = on_frame
         self._codec_threads = codec_threads
         self._keyframes_only = keyframes_only
+        self._max_pixels = max_pixels
         self._max_workers = max_workers
         self._start_join_s = start_join_s
         self._lock = threading.Lock()
@@ -221,6 +223,7 @@ class SessionRuntime:
                 worker.stats,
                 codec_threads=self._codec_threads,
                 keyframes_only=self._keyframes_only,
+                max_pixels=self._max_pixels,
                 on_frame=self._on_frame,
             )
 

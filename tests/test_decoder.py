@@ -378,3 +378,99 @@ def test_unknown_codec_is_the_workers_failure() -> None:
     with pytest.raises(ValueError, match="no decoder"):
         open_decoder("VP9")
     assert open_decoder("opus").sample_rate == 48000
+
+
+# ---------------------------------------------------------------- picture size bound
+
+
+@functools.cache
+def h264_big_frames(width: int = 640, height: int = 360, frames: int = 60) -> tuple[bytes, ...]:
+    """libx264 at ``width`` x ``height`` (IDR every GOP frames), noise so each frame is real."""
+    context = av.CodecContext.create("libx264", "w")
+    assert isinstance(context, av.VideoCodecContext)
+    context.width, context.height, context.pix_fmt = width, height, "yuv420p"
+    context.time_base = fractions.Fraction(1, 30)
+    context.gop_size, context.max_b_frames = GOP, 0
+    context.options = {"preset": "ultrafast", "tune": "zerolatency", "keyint_min": str(GOP)}
+    rng = np.random.default_rng(3)
+    noise = rng.integers(0, 256, (height, width, 3), dtype=np.uint8)
+    packets: list[bytes] = []
+    for index in range(frames):
+        image = np.roll(noise, index * 4, axis=1)
+        frame = av.VideoFrame.from_ndarray(image, format="rgb24").reformat(format="yuv420p")
+        frame.pts = index
+        packets += [bytes(p) for p in context.encode(frame)]
+    packets += [bytes(p) for p in context.encode(None)]
+    return tuple(packets)
+
+
+@needs_libx264
+@pytest.mark.parametrize("max_pixels", [None, WIDTH * HEIGHT])
+def test_pictures_over_max_pixels_are_refused_and_counted(max_pixels: int | None) -> None:
+    """A publisher switches from 320x180 to 640x360 (230,400 pixels) and back. With
+    ``max_pixels`` = 320 x 180 each 640x360 IDR frame is a decode error (FFmpeg refuses
+    the picture before allocating it), the P-frames after it are skipped, none is
+    delivered, and the same decoder goes on with the 320x180 stream: nothing faults.
+    Without a bound (the control) all 150 frames decode."""
+    small, big = h264_frames(), h264_big_frames()
+    assert [h264_is_keyframe(f) for f in big].count(True) == 2  # IDR at 0 and 30
+    stream = [*small[:30], *big, *small[30:]]
+    intake = FrameIntake("video", depth=len(stream), payload_limit=1 << 20)
+    for index, data in enumerate(stream):
+        assert intake.offer(H264, jitter(data, index))
+    intake.close()
+    stats = DecodeStats("video")
+    recorder = Recorder()
+    run_worker(intake, stats, "decode-video-t8", max_pixels=max_pixels, on_frame=recorder).join(10)
+    decoded = {t // TICKS_PER_FRAME for t in recorder.timestamps()}
+    print(f"\nmax_pixels={max_pixels}: {stats.as_dict()}")
+    if max_pixels is None:
+        assert (stats.frames_decoded, stats.decode_errors, stats.skipped) == (150, 0, 0)
+        assert set(recorder.sizes) == {(WIDTH, HEIGHT), (640, 360)}
+        return
+    assert stats.frames_in == 150
+    assert (stats.frames_decoded, stats.decode_errors, stats.skipped) == (90, 2, 58)
+    assert "Invalid data" in (stats.last_error or "")
+    assert set(recorder.sizes) == {(WIDTH, HEIGHT)}  # no 640x360 picture was delivered
+    assert decoded == {*range(30), *range(90, 150)}
+    assert (stats.width, stats.height) == (WIDTH, HEIGHT)
+
+
+@needs_libvpx
+def test_vp8_pictures_over_max_pixels_are_refused_and_counted() -> None:
+    """VP8 too: every key frame (0, 10, 20) is refused, the inter frames are skipped."""
+    frames = vp8_frames()
+    intake = FrameIntake("video", depth=len(frames), payload_limit=1 << 20)
+    for index, data in enumerate(frames):
+        intake.offer(VP8, jitter(data, index))
+    intake.close()
+    stats = DecodeStats("video")
+    run_worker(intake, stats, "decode-video-t9", max_pixels=WIDTH * HEIGHT - 1).join(10)
+    assert (stats.frames_decoded, stats.decode_errors) == (0, 3)
+    assert stats.skipped == len(frames) - 3 and stats.width is None
+
+
+@pytest.mark.parametrize(
+    ("codec", "silence", "rate"),
+    [("PCMU", b"\xff", 8000), ("PCMA", b"\xd5", 8000), ("G722", b"\x00", 16000)],
+)
+def test_g711_and_g722_decode(codec: str, silence: bytes, rate: int) -> None:
+    """20 ms packets decode to mono at the RFC 3551 rate (G.711 used to fault the worker:
+    the decoder did not open without a rate and layout)."""
+    intake = FrameIntake("audio", depth=5, payload_limit=4096)
+    for index in range(5):
+        assert intake.offer(
+            RTCRtpCodecParameters(mimeType=f"audio/{codec}", clockRate=8000, payloadType=0),
+            jitter(silence * 160, index, ticks=160),
+        )
+    intake.close()
+    stats = DecodeStats("audio")
+    run_worker(intake, stats, "decode-audio-t10").join(10)
+    assert (stats.frames_decoded, stats.decode_errors) == (5, 0)
+    assert (stats.sample_rate, stats.channels) == (rate, 1)
+
+
+def test_max_pixels_is_set_on_video_decoders_only() -> None:
+    assert open_decoder("H264", max_pixels=4096 * 2304).options == {"max_pixels": "9437184"}
+    assert open_decoder("VP8").options == {}
+    assert open_decoder("opus", max_pixels=100).options == {}

@@ -25,9 +25,11 @@ from typing import Any
 import aiohttp
 import pytest
 from aiohttp.test_utils import TestServer
-from aiortc.codecs import depayload
+from aiortc.codecs import CODECS, depayload
+from aiortc.mediastreams import AudioStreamTrack, VideoStreamTrack
 from aiortc.rtcrtpparameters import RTCRtpCodecParameters
 from aiortc.rtcrtpreceiver import NackGenerator
+from aiortc.rtcrtpsender import RTCRtpSender
 from aiortc.rtp import RtpPacket
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -380,8 +382,8 @@ async def test_payload_types_nobody_negotiated_are_counted_not_decoded(
         await push.frames(bad, frames[:5])
         sent += sum(len(f) for f in frames[:5])
         # An SSRC nobody announced, with a payload type no receiver takes: not learned.
-        # (Not PCMU/PCMA/G722: the server's audio receiver takes those on a new SSRC
-        # although its answer offered Opus only; see the report of issue 6.)
+        # (PCMU/PCMA/G722 on a new SSRC, which the audio receiver used to take although
+        # the answer offered Opus only: test_g711_and_g722_on_a_new_ssrc_are_unroutable...)
         router = push.receiver().transport._rtp_router
         assert 127 not in router.payload_type_table
         await push.frames(push.pub.stream(ssrc=0xBAD5, payload_type=127), frames[:5])
@@ -689,3 +691,159 @@ def test_bounded_nack_generator_answers_like_aiortcs() -> None:
         f"\nNACK bookkeeping per 32767-jump packet: aiortc {cost(NackGenerator()):.2f} ms, "
         f"bounded {cost(BoundedNackGenerator()):.3f} ms"
     )
+
+
+# ---------------------------------------------------------------- 6. codecs the answer left out
+
+
+def _opus_payloads(count: int) -> list[bytes]:
+    """``count`` Opus packets (20 ms of stereo silence each, aiortc's own encoder)."""
+    import fractions
+
+    import av
+    import numpy as np
+    from aiortc.codecs.opus import OpusEncoder
+
+    encoder, payloads = OpusEncoder(), []
+    while len(payloads) < count:
+        frame = av.AudioFrame.from_ndarray(
+            np.zeros((1, 960 * 2), dtype=np.int16), format="s16", layout="stereo"
+        )
+        frame.sample_rate = 48000
+        frame.pts, frame.time_base = 960 * len(payloads), fractions.Fraction(1, 48000)
+        payloads.extend(encoder.encode(frame)[0])
+    return payloads[:count]
+
+
+async def test_g711_and_g722_on_a_new_ssrc_are_unroutable_when_the_answer_offered_opus(
+    server: TestServer,
+) -> None:
+    """The publisher offers Opus, G722, PCMU and PCMA; the answer accepts Opus only, and
+    so does the server's audio transceiver (aiortc kept every codec both sides support,
+    so PCMU/PCMA/G722 on an SSRC nobody announced used to reach the audio receiver and
+    be decoded). Each such packet is counted ``unroutable`` and none becomes a frame;
+    Opus on a new SSRC still routes (payload-type routing itself works) and decodes."""
+    async with _hostile(server, "g711", audio=True) as push:
+        offered = {int(c.payloadType) for c in CODECS["audio"]}
+        assert {0, 8, 9} <= offered  # aiortc's publisher offers them (and Opus)
+        transceivers = {t.kind: t for t in push.session.pc.getTransceivers()}
+        audio_codecs = transceivers["audio"]._codecs
+        assert [c.mimeType for c in audio_codecs] == ["audio/opus"]
+        assert [c.mimeType for c in transceivers["video"]._codecs] == ["video/H264"]
+        opus_pt = int(audio_codecs[0].payloadType)
+        router = push.receiver().transport._rtp_router
+        await _until(lambda: bool(router.payload_type_table), push.figures)
+        # Exactly the answer's payload types are routed (audio: Opus; video: H.264).
+        assert set(router.payload_type_table) == {opus_pt, push.pub.video_payload_type}
+        answer = push.session.pc.localDescription.sdp
+        assert "PCMU" not in answer and "PCMA" not in answer and "G722" not in answer
+
+        audio_receiver = transceivers["audio"].receiver
+        (audio_intake,) = [i for i in push.session.intakes if i.kind == "audio"]
+        assert push.session.runtime is not None
+
+        def audio_stats() -> DecodeStats:
+            assert push.session.runtime is not None
+            return push.session.runtime.stats()["decode-audio"]
+
+        sent = 0
+        for ssrc, pt, payload in (
+            (0x0711, 0, b"\xff" * 160),  # PCMU: 20 ms of mu-law silence
+            (0x0712, 8, b"\xd5" * 160),  # PCMA: 20 ms of A-law silence
+            (0x0722, 9, b"\x00" * 160),  # G722
+        ):
+            stream = push.pub.stream(ssrc=ssrc, payload_type=pt)
+            for _ in range(25):  # far past the audio jitter buffer's prefetch (4 frames)
+                await push.packets(stream.packets([payload]))
+            sent += 25
+        await push.settled()
+        await _until(lambda: push.guard().rtp_unroutable == sent, push.figures)
+        assert audio_intake.stats().frames_in == 0  # not one of them became a frame
+        assert (audio_stats().frames_in, audio_stats().frames_decoded) == (0, 0)
+        assert {0x0711, 0x0712, 0x0722}.isdisjoint(router.ssrc_table)
+        assert {0x0711, 0x0712, 0x0722}.isdisjoint(remote_media_ssrcs(audio_receiver))
+        metrics = await push.metrics()
+        assert metrics[("whip_session_rtp_discarded_total", "unroutable")] == sent
+
+        # Opus on a new SSRC: routed by its payload type, learned, decoded.
+        opus = push.pub.stream(ssrc=0x0915, payload_type=opus_pt)
+        for payload in _opus_payloads(25):
+            await push.packets(opus.packets([payload]))
+        await push.settled()
+        await _until(lambda: audio_stats().frames_decoded >= 1, push.figures)
+        print(f"\ng711/g722: {sent} unroutable; audio {audio_stats().as_dict()}")
+        assert router.ssrc_table.get(0x0915) is audio_receiver
+        assert audio_stats().codec == "opus" and audio_stats().decode_errors == 0
+        assert push.guard().counts() == {
+            "datagram_refused": 0,
+            "unroutable": sent,
+            "ssrc_limit": 0,
+            "malformed": 0,
+        }
+        events = await push.delete()
+    assert _closed_reason(events) == ["deleted"]
+    assert "worker_fault" not in [e.type for e in events]
+
+
+# ---------------------------------------------------------------- 7. pictures over max_pixels
+
+
+async def test_pictures_over_max_pixels_are_decode_errors_not_faults(
+    whip_servers: Callable[..., Awaitable[TestServer]],
+) -> None:
+    """``pipeline.max_pixels`` reaches the session's decoder: a 320x176 stream against a
+    bound one pixel smaller is never decoded, each IDR counted as a decode error (the P
+    frames skipped), and the session stays up and closes cleanly."""
+    server = await whip_servers(pipeline__max_pixels=320 * 176 - 1)
+    frames = _frames()  # 320x176, IDR at 0, 30 and 60
+    async with _hostile(server, "max-pixels") as push:
+        good = push.pub.stream()
+        await push.frames(good, frames[:62])  # frame 61 completes IDR 60 (jitter buffer)
+        await push.settled()
+        await _until(lambda: push.video().decode_errors == 3, push.figures)
+        video = push.video()
+        print(f"\nmax_pixels: {video.as_dict()}")
+        assert (video.frames_decoded, video.width) == (0, None)
+        assert push.session.pc.connectionState == "connected"
+        (track,) = (await push.api())["tracks"]
+        assert track["decode_errors"] == 3 and track["worker_alive"] is True
+        events = await push.delete()
+    assert "worker_fault" not in [e.type for e in events]
+    assert "first_frame" not in [e.type for e in events]
+    assert _final_stats(events)["decode_errors"] == 3
+    assert _closed_reason(events) == ["deleted"]
+
+
+async def test_a_section_the_answer_rejects_gets_no_receiver(server: TestServer) -> None:
+    """Audio offered as PCMU only: the answer rejects the section (port 0), and the
+    server's audio transceiver is inactive: aiortc never starts its receiver (no payload
+    type of it is routed) and it gets no intake or decode worker, which the session's
+    media permit (one track) never paid for. It used to receive PCMU all the same."""
+    manager: SessionManager = server.app[SESSIONS_KEY]
+    publisher = AiortcPublisher()
+    publisher.pc.addTransceiver(VideoStreamTrack(), direction="sendonly")
+    audio = publisher.pc.addTransceiver(AudioStreamTrack(), direction="sendonly")
+    pcmu = [c for c in RTCRtpSender.getCapabilities("audio").codecs if c.mimeType == "audio/PCMU"]
+    audio.setCodecPreferences(pcmu)
+    try:
+        await publisher.pc.setLocalDescription(await publisher.pc.createOffer())
+        async with aiohttp.ClientSession() as http:
+            response = await http.post(
+                server.make_url("/whip/pcmu-only"),
+                data=publisher.pc.localDescription.sdp,
+                headers={"Content-Type": "application/sdp"},
+            )
+            answer = await response.text()
+            assert response.status == 201, answer
+            media = [line for line in answer.splitlines() if line.startswith("m=")]
+            assert media[1] == "m=audio 0 UDP/TLS/RTP/SAVPF 0"
+            session = manager.find_by_run(response.headers["X-Run-Id"])
+            assert session is not None
+            directions = [(t.kind, t.currentDirection) for t in session.pc.getTransceivers()]
+            assert directions == [("video", "recvonly"), ("audio", "inactive")]
+            assert [intake.kind for intake in session.intakes] == ["video"]
+            assert session.permit.nbytes == manager.config.pipeline.media_bytes(1)
+            delete = await http.delete(server.make_url(response.headers["Location"]))
+            assert delete.status == 200
+    finally:
+        await publisher.close()

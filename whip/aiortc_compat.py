@@ -16,6 +16,7 @@ import aiortc
 import aiortc.rate
 import aiortc.rtcdtlstransport
 import aiortc.rtcicetransport
+import aiortc.rtcpeerconnection
 import aiortc.rtcrtpreceiver
 
 TESTED_AIORTC = "1.16.0"
@@ -80,6 +81,18 @@ def check_internals() -> None:
     need(
         inspect.iscoroutinefunction(getattr(receiver, "_send_rtcp_pli", None)),
         "RTCRtpReceiver._send_rtcp_pli",
+    )
+    transceiver = aiortc.RTCRtpTransceiver
+    need("self._codecs" in inspect.getsource(transceiver), "RTCRtpTransceiver._codecs")
+    need(
+        callable(getattr(transceiver, "_get_mline_index", None)),
+        "RTCRtpTransceiver._get_mline_index",
+    )
+    pc = inspect.getsource(aiortc.rtcpeerconnection)
+    need(  # the one list behind the answer's m-line and the receive parameters
+        "fmt=[c.payloadType for c in transceiver._codecs]" in pc
+        and "codecs=transceiver._codecs," in pc,
+        "RTCPeerConnection answers and receives transceiver._codecs",
     )
     if problems:
         raise IncompatibleAiortcError(

@@ -280,6 +280,11 @@ class PipelineConfig:
     scene_threshold: float = 0.4
     decode: DecodeMode = "all"
     codec_threads: int = 1
+    # 4096x2304 admits every 4K picture (3840x2160 UHD, 4096x2160 DCI, their portrait
+    # forms) and everything smaller, not 5K and up. Decoder memory per session, measured
+    # (H.264, one thread; reference pictures, outside the media permit): 1080p 12 MiB,
+    # 1440p 19 MiB, 2160p 40 MiB, 4320p (8K) 149 MiB, about 5 bytes a pixel.
+    max_pixels: int = 4096 * 2304
     join_deadline_s: float = 2.0
     drain_s: float = 0.5
     stats_interval_s: float = 5.0
@@ -294,6 +299,13 @@ class PipelineConfig:
         "scene_threshold": _Rule("scene-change score threshold", 0, 1),
         "decode": _Rule("decode every frame, or keyframes only"),
         "codec_threads": _Rule("FFmpeg threads per decoder (0: FFmpeg decides)", 0, 64),
+        "max_pixels": _Rule(
+            "largest video picture decoded, width x height (FFmpeg's max_pixels, with the "
+            "width rounded up to a multiple of 64); a bigger one is a decode error, never "
+            "allocated (the default, 4096x2304, admits 4K and below)",
+            64 * 64,
+            16384 * 16384,
+        ),
         "join_deadline_s": _Rule(
             "how long a closing session waits for its decode threads before it reports a "
             "forced shutdown and keeps their media permit",

@@ -8,6 +8,9 @@ them all at start-up. Why each exists (with measurements) is in ``docs/INTEROP.m
   addresses. Process-wide (it is configuration, not per session).
 - :class:`WideCipherCertificate`: aiortc's DTLS context offers only ECDHE-ECDSA suites;
   when we are the DTLS client, a publisher with an RSA certificate finds no common suite.
+- :func:`restrict_codecs`: aiortc receives every codec both sides support, not only
+  the ones our answer offers: PCMU/PCMA/G722 on a new SSRC reached the audio receiver
+  of an Opus-only answer. Each transceiver is trimmed to the answer's codecs.
 - :func:`install_dtls_kick`: as DTLS client we send our first flight the instant our ICE
   check succeeds, often before the publisher (FFmpeg) reads DTLS; it is dropped and
   OpenSSL retransmits only after 1 s. We resend the identical datagram early.
@@ -36,6 +39,8 @@ from aioice import stun
 from aiortc import RTCPeerConnection
 from aiortc.rtcdtlstransport import RTCCertificate
 from aiortc.rtcdtlstransport import State as DtlsState
+
+from whip.sdp import OfferSummary
 
 logger = logging.getLogger(__name__)
 
@@ -178,6 +183,36 @@ def use_wide_certificate(pc: RTCPeerConnection) -> None:
     pc._RTCPeerConnection__certificates = [  # type: ignore[attr-defined]
         WideCipherCertificate(key=cert._key, cert=cert._cert) for cert in own
     ]
+
+
+def restrict_codecs(transceiver: Any, summary: OfferSummary) -> bool:
+    """Make ``transceiver`` hold exactly the codecs the answer offers; False when it
+    offers none (the section is rejected: the caller makes the transceiver inactive).
+
+    Call after ``setRemoteDescription`` and before ``createAnswer``. aiortc keeps every
+    codec both sides support (an Opus-only plan still left PCMU, PCMA and G722 on the
+    audio transceiver), and one list, ``RTCRtpTransceiver._codecs``, feeds both the
+    answer's m-line and the receive parameters: the receiver's decoders by payload type
+    and its ``RtpRouter`` registration. Trimmed to the plan, a payload type outside it
+    routes nowhere (``rtp_unroutable``), even on an SSRC the router does not know yet.
+    ``RTCRtpTransceiver.setCodecPreferences`` cannot do this here: aiortc applies
+    preferences inside ``setRemoteDescription``, which also creates the transceiver.
+
+    The list keeps aiortc's order (the offer's); the plan's payload types it lacks are
+    left out, as :func:`whip.sdp.finalize_answer` leaves them out of the answer.
+    Touches ``RTCRtpTransceiver._codecs`` and ``._get_mline_index()`` (the offer's
+    section index, as :attr:`whip.sdp.SectionPlan.index`).
+    """
+    index = transceiver._get_mline_index()
+    plan = next((p for p in summary.sections if p.index == index), None)
+    if plan is None or not plan.accepted:
+        return False
+    keep = {*plan.payload_types, *plan.rtx_payload_types}
+    codecs = [c for c in transceiver._codecs if c.payloadType in keep]
+    if not any(c.payloadType in plan.payload_types for c in codecs):
+        return False
+    transceiver._codecs = codecs
+    return True
 
 
 def _dtls_transports(pc: RTCPeerConnection) -> list[Any]:

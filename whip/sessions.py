@@ -64,6 +64,7 @@ from whip.rtc_hooks import (
     Liveness,
     install_dtls_kick,
     install_media_liveness,
+    restrict_codecs,
     use_wide_certificate,
 )
 from whip.sdp import OfferSummary, finalize_answer
@@ -329,8 +330,9 @@ class SessionManager:
             use_wide_certificate(pc)
             await pc.setRemoteDescription(RTCSessionDescription(sdp=offer_sdp, type="offer"))
             for transceiver in pc.getTransceivers():
-                transceiver.direction = "recvonly"
-                self._tap(transceiver, summary, wiring)
+                receiving = restrict_codecs(transceiver, summary)
+                transceiver.direction = "recvonly" if receiving else "inactive"
+                self._tap(transceiver, summary, wiring, receiving=receiving)
             install_dtls_kick(pc)
             # Before setLocalDescription: ICE starts consent checks as soon as it connects.
             liveness = install_media_liveness(pc, self.config.limits.reclaim_after_s)
@@ -342,13 +344,17 @@ class SessionManager:
             raise
         return pc, liveness, sdp
 
-    def _tap(self, transceiver: Any, summary: OfferSummary, wiring: MediaWiring) -> None:
+    def _tap(
+        self, transceiver: Any, summary: OfferSummary, wiring: MediaWiring, *, receiving: bool
+    ) -> None:
         """Route one receiver's encoded frames into a bounded intake (never to aiortc's
         own decoder thread, whose queue is unbounded). An undecoded track is tapped too,
-        into nothing: untapped, aiortc would decode it and grow memory without bound."""
+        into nothing: untapped, aiortc would decode it and grow memory without bound. So
+        is a section the answer rejects (``receiving`` False: aiortc never starts its
+        receiver), which still guards the transport it shares and gets no intake."""
         pipeline = self.config.pipeline
         receiver = transceiver.receiver
-        if transceiver.kind == "audio" and not pipeline.analyze_audio:
+        if not receiving or (transceiver.kind == "audio" and not pipeline.analyze_audio):
             install_tap(receiver, _discard, on_error=wiring.tap_failed)
             return
         intake = FrameIntake(
@@ -394,6 +400,7 @@ class SessionManager:
             on_frame=analysis.on_frame,
             codec_threads=pipeline.codec_threads,
             keyframes_only=pipeline.decode == "keyframes",
+            max_pixels=pipeline.max_pixels,
             max_workers=session.permit.threads,
         )
         analysis.bind_runtime(session.runtime)
