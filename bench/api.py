@@ -74,7 +74,7 @@ from registry.timeline import Timeline, TimelineConfig  # noqa: E402
 
 
 def _load_bench_whip() -> Any:
-    """bench/whip.py's helpers (Server, summary, ...) under a name that is not ``whip``."""
+    """bench/whip.py's helpers (start_server, summary, ...) under a name that is not ``whip``."""
     spec = importlib.util.spec_from_file_location("bench_whip_helpers", REPO / "bench" / "whip.py")
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
@@ -499,8 +499,7 @@ def main() -> None:
             "b_seq_warm_after": built["b_seqs"][WARM_INDEX],
             "b_seq_last": built["b_seqs"][-1],
         }
-        server = bw.Server(data_dir=data_dir, log_path=tmp / "server.log", max_sessions=16)
-        server.spawn()
+        server = bw.start_server(data_dir, tmp / "server.log", 16)
         result["server"] = {"pid": server.pid, "port": server.port, "cmd": server.cmd}
         result |= asyncio.run(bench(args, server, built))
         result["server"]["ready_s"] = server.ready_s
@@ -508,7 +507,7 @@ def main() -> None:
         if server is not None:
             server.shutdown()
             result.setdefault("server", {})["stop"] = server.stop
-            result["server"]["log_problems"] = server.log_problems()
+            result["server"]["log_problems"] = server.problems(first=20)
         result["host"]["load_after"] = bw.host_load()
         result["runtime_s"] = round(time.monotonic() - started, 1)
         if args.keep:

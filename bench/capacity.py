@@ -56,8 +56,6 @@ import contextlib
 import fractions
 import json
 import os
-import signal
-import socket
 import statistics
 import subprocess
 import sys
@@ -70,11 +68,9 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))  # before bench/ (``bench/whip.py`` would shadow ``whip``)
 
 import aiohttp  # noqa: E402
+import serverproc  # noqa: E402
 
-HOST = "127.0.0.1"
 CLK_TCK = os.sysconf("SC_CLK_TCK")
-READY_TIMEOUT_S = 30.0
-STOP_TIMEOUT_S = 30.0
 
 CONFIGS = {
     "720p:all": ("720p", "all", [4, 8, 12, 16, 24]),
@@ -86,7 +82,7 @@ SIZES = {"720p": (1280, 720, 2_500_000), "360p": (640, 360, 800_000)}
 
 
 def log(message: str) -> None:
-    print(f"[bench/capacity {time.strftime('%H:%M:%S')}] {message}", file=sys.stderr, flush=True)
+    serverproc.log("bench/capacity", message)
 
 
 # ---------------------------------------------------------------- the publisher
@@ -244,12 +240,6 @@ def make_clip(path: Path, width: int, height: int, bitrate: int, seconds: float)
 # ---------------------------------------------------------------- processes
 
 
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind((HOST, 0))
-        return int(sock.getsockname()[1])
-
-
 def cpu_s(pid: int) -> float | None:
     """utime + stime of ``pid`` (all threads), seconds."""
     try:
@@ -276,78 +266,22 @@ def rss_kib(pid: int) -> int | None:
     return None
 
 
-class Server:
-    def __init__(self, data_dir: Path, log_path: Path, sessions: int, decode: str) -> None:
-        self.data_dir, self.log_path = data_dir, log_path
-        self.port = free_port()
-        self.cmd = [
-            sys.executable, "-m", "whip", "serve",
-            "--host", HOST, "--port", str(self.port), "--data-dir", str(data_dir),
-            "--max-sessions", str(sessions + 8), "--stream-limit", str(sessions + 8),
-        ]  # fmt: skip
-        n = max(sessions + 8, 128)
-        self.env_overrides = {
-            "WHIP_INGEST_LIMITS_MEDIA_BUDGET_BYTES": str(n * 2 * 16 * (1 << 20)),
-            "WHIP_INGEST_LIMITS_MEDIA_BUDGET_THREADS": str(min(4096, n * 2)),
+def start_server(
+    data_dir: Path, log_path: Path, sessions: int, decode: str
+) -> serverproc.ServerProcess:
+    """A fresh server with room for ``sessions`` (+ 8) and the ``decode`` policy."""
+    log(f"server for {sessions} sessions, decode={decode}")
+    return serverproc.ServerProcess(
+        "bench/capacity",
+        data_dir,
+        log_path,
+        sessions + 8,
+        {
+            **serverproc.media_budget_env(sessions + 8),
             "WHIP_INGEST_PIPELINE_DECODE": decode,
             "WHIP_INGEST_LOG_LEVEL": "INFO",
-        }
-        env = {k: v for k, v in os.environ.items() if not k.startswith("WHIP_INGEST_")}
-        env.update(self.env_overrides)
-        with open(log_path, "wb") as sink:
-            self.proc = subprocess.Popen(
-                self.cmd, cwd=REPO, env=env, stdin=subprocess.DEVNULL, stdout=sink, stderr=sink
-            )
-        self.pid = self.proc.pid
-        self.base = f"http://{HOST}:{self.port}"
-        log(f"server pid {self.pid} port {self.port} decode={decode}")
-
-    async def wait_ready(self, http: aiohttp.ClientSession) -> None:
-        deadline = time.monotonic() + READY_TIMEOUT_S
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"server exited {self.proc.returncode}: {self.tail()}")
-            with contextlib.suppress(aiohttp.ClientError, OSError):
-                async with http.get(f"{self.base}/readyz") as response:
-                    if response.status == 200:
-                        return
-            await asyncio.sleep(0.1)
-        raise RuntimeError(f"server not ready: {self.tail()}")
-
-    def tail(self, lines: int = 15) -> str:
-        try:
-            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
-        except OSError:
-            return ""
-
-    def problems(self) -> dict[str, Any]:
-        lines = []
-        with contextlib.suppress(OSError):
-            lines = [
-                line
-                for line in self.log_path.read_text(errors="replace").splitlines()
-                if " WARNING " in line or " ERROR " in line or "Traceback" in line
-            ]
-        return {"count": len(lines), "first": lines[:5]}
-
-    def shutdown(self) -> dict[str, Any]:
-        if self.proc.poll() is not None:
-            return {"exit_code": self.proc.returncode, "already_exited": True}
-        started = time.monotonic()
-        self.proc.send_signal(signal.SIGINT)
-        killed = False
-        try:
-            self.proc.wait(STOP_TIMEOUT_S)
-        except subprocess.TimeoutExpired:
-            log(f"server pid {self.pid} ignored SIGINT: SIGKILL")
-            self.proc.kill()
-            self.proc.wait(5)
-            killed = True
-        return {
-            "exit_code": self.proc.returncode,
-            "seconds": round(time.monotonic() - started, 2),
-            "killed": killed,
-        }
+        },
+    )
 
 
 def read_final_stats(data_dir: Path) -> dict[str, dict[str, Any]]:
@@ -476,12 +410,12 @@ async def run_step(
 ) -> dict[str, Any]:
     tag = f"{res}-{decode}-{n}"
     data_dir = work / f"data-{tag}"
-    server = Server(data_dir, work / f"server-{tag}.log", n, decode)
+    server = start_server(data_dir, work / f"server-{tag}.log", n, decode)
     pubs: list[subprocess.Popen[bytes]] = []
     step: dict[str, Any] = {"n": n, "resolution": res, "decode": decode}
     try:
         async with aiohttp.ClientSession() as http:
-            await server.wait_ready(http)
+            await server.wait_ready()
             cpu0, t0 = cpu_s(server.pid), time.monotonic()
             env = dict(os.environ)
             env["PYTHONPATH"] = ""
@@ -513,21 +447,8 @@ async def run_step(
             pub_cpu1 = sum(cpu_s(p.pid) or 0.0 for p in pubs)
             if spy and args.dump:
                 step["py_spy_dump"] = (py_spy_dump(server.pid) or "")[:6000]
-            results = []
             push_end = t0 + args.push_s + 1.0  # publishers start within about a second
-            deadline = time.monotonic() + args.push_s + 60
-            for p in pubs:
-                remaining = max(1.0, deadline - time.monotonic())
-                try:
-                    out, _ = await asyncio.to_thread(p.communicate, None, remaining)
-                    text = out.decode(errors="replace").strip().splitlines()
-                    results.append(json.loads(text[-1]) if text else {"error": "no output"})
-                except subprocess.TimeoutExpired:
-                    p.kill()
-                    p.wait(5)
-                    results.append({"error": "timeout (killed)"})
-                except ValueError as exc:
-                    results.append({"error": f"bad output: {exc}"})
+            results = await finish_pushers(pubs, args.push_s + 60)
             await asyncio.sleep(1.5)  # the DELETEs' session closes write the final stats
             stop.set()
             sessions, _samples = await poller
@@ -541,13 +462,9 @@ async def run_step(
                 step["py_spy"] = summarize_raw(work / f"spy-{tag}.raw")
             step["server_rss_kib_end"] = rss_kib(server.pid)
     finally:
-        for p in pubs:
-            if p.poll() is None:
-                p.kill()
-                with contextlib.suppress(subprocess.TimeoutExpired):
-                    p.wait(5)
+        kill_pushers(pubs)
         step["server_stop"] = server.shutdown()
-    step["server_log_problems"] = server.problems()
+    step["server_log_problems"] = server.problems(first=5)
     finals = read_final_stats(data_dir)
 
     # ---- per-session figures
@@ -778,6 +695,10 @@ def start_pushers(
 async def finish_pushers(
     pubs: list[subprocess.Popen[bytes]], timeout_s: float
 ) -> list[dict[str, Any]]:
+    """Each publisher's JSON report (its last stdout line), waiting for all of them up to
+    ``timeout_s`` in total (at least 1 s each); one still running then is killed.
+
+    Cancellation: stops waiting; the publishers keep running (the callers kill them)."""
     results: list[dict[str, Any]] = []
     deadline = time.monotonic() + timeout_s
     for pub in pubs:
@@ -796,6 +717,15 @@ async def finish_pushers(
     return results
 
 
+def kill_pushers(pubs: list[subprocess.Popen[bytes]]) -> None:
+    """SIGKILL every publisher still running (these PIDs only) and reap it."""
+    for pub in pubs:
+        if pub.poll() is None:
+            pub.kill()
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                pub.wait(5)
+
+
 def per_session_kib(total: int | None, base: int | None, n: int) -> float | None:
     return None if total is None or base is None else round((total - base) / n, 1)
 
@@ -808,13 +738,13 @@ async def memory_step(
     no media; ``push``: 720p30 stream copy), and after they closed."""
     tag = f"mem-{phase}-{n}-{repeat}"
     data_dir = work / f"data-{tag}"  # fresh: a reused one would carry the last run's runs
-    server = Server(data_dir, work / f"server-{tag}.log", n, "all")
+    server = start_server(data_dir, work / f"server-{tag}.log", n, "all")
     step: dict[str, Any] = {"phase": phase, "n": n, "repeat": repeat}
     idle: IdlePublishers | None = None
     pubs: list[subprocess.Popen[bytes]] = []
     try:
         async with aiohttp.ClientSession() as http:
-            await server.wait_ready(http)
+            await server.wait_ready()
             step["rss_start_kib"] = await steady_rss(server.pid)
             # warm-up: one session of the same kind, closed again
             if phase == "idle":
@@ -864,13 +794,9 @@ async def memory_step(
     finally:
         if idle is not None:
             idle.kill()
-        for pub in pubs:
-            if pub.poll() is None:
-                pub.kill()
-                with contextlib.suppress(subprocess.TimeoutExpired):
-                    pub.wait(5)
+        kill_pushers(pubs)
         step["server_stop"] = server.shutdown()
-    step["server_log_problems"] = server.problems()
+    step["server_log_problems"] = server.problems(first=5)
     start_kib, warm_kib = step.get("rss_start_kib"), step.get("rss_warm_kib")
     step["one_time_kib"] = per_session_kib(warm_kib, start_kib, 1)
     step["per_session_kib"] = per_session_kib(step.get("rss_sessions_kib"), start_kib, n)

@@ -104,9 +104,7 @@ import contextlib
 import json
 import os
 import signal
-import socket
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -121,15 +119,13 @@ sys.path.insert(0, str(REPO))  # before bench/ (``bench/whip.py`` would shadow `
 
 import aiohttp  # noqa: E402
 import av  # noqa: E402
+import serverproc  # noqa: E402
 from aiortc import RTCConfiguration, RTCPeerConnection, RTCSessionDescription  # noqa: E402
 from aiortc.mediastreams import AudioStreamTrack, VideoStreamTrack  # noqa: E402
 
-from tests.servers import serve_argv  # noqa: E402
 from whip.rtc_hooks import restrict_host_addresses  # noqa: E402
 
-HOST = "127.0.0.1"
-READY_TIMEOUT_S = 30.0
-STOP_TIMEOUT_S = 30.0
+HOST = serverproc.HOST
 CONNECT_TIMEOUT_S = 20.0
 FIRST_FRAME_TIMEOUT_S = 15.0
 PROBE_TIMEOUT_S = 10.0
@@ -231,13 +227,7 @@ runpy.run_module("whip", run_name="__main__", alter_sys=True)
 
 
 def log(message: str) -> None:
-    print(f"[bench/soak {time.strftime('%H:%M:%S')}] {message}", file=sys.stderr, flush=True)
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind((HOST, 0))
-        return int(sock.getsockname()[1])
+    serverproc.log("bench/soak", message)
 
 
 # ---------------------------------------------------------------- /proc readings
@@ -310,8 +300,9 @@ def malloc_arenas(pid: int) -> int:
 # ---------------------------------------------------------------- the server process
 
 
-class Server:
-    """The server subprocess (PROBE wrapper around ``python -m whip serve``)."""
+class Server(serverproc.ServerProcess):
+    """The server subprocess, started through the PROBE wrapper (``-c PROBE`` runs
+    ``whip`` exactly like ``-m whip``)."""
 
     def __init__(
         self,
@@ -322,53 +313,28 @@ class Server:
         tracemalloc: bool = False,
         trim: bool = False,
     ) -> None:
-        self.data_dir = work / "data"
-        self.log_path = work / "server.log"
         self.probe_path = work / "probe.json"
-        self.port = free_port()
-        argv = serve_argv(
-            self.port,
-            self.data_dir,
-            "--max-sessions",
-            str(max_sessions),
-            "--stream-limit",
-            str(max_sessions),
-        )
-        argv[1:3] = ["-c", PROBE]  # same as ``-m whip``, plus the SIGUSR1 probe
-        env = {k: v for k, v in os.environ.items() if not k.startswith("WHIP_INGEST_")}
-        env.update(
+        self._probe_seq = 0
+        probe_env = {
+            "WHIP_SOAK_PROBE": str(self.probe_path),
+            "WHIP_SOAK_WATCH": ",".join(WATCHED_TYPES),
+        }
+        if tracemalloc:
+            probe_env["WHIP_SOAK_TRACEMALLOC"] = "1"
+        if trim:
+            probe_env["WHIP_SOAK_TRIM"] = "1"
+        super().__init__(
+            "bench/soak",
+            work / "data",
+            work / "server.log",
+            max_sessions,
             {
                 "WHIP_INGEST_LOG_LEVEL": "WARNING",
                 "WHIP_INGEST_LIMITS_RECLAIM_AFTER_S": str(reclaim_after_s),
-                "WHIP_SOAK_PROBE": str(self.probe_path),
-                "WHIP_SOAK_WATCH": ",".join(WATCHED_TYPES),
-            }
+            },
+            bench_env=probe_env,
+            launcher=("-c", PROBE),
         )
-        if tracemalloc:
-            env["WHIP_SOAK_TRACEMALLOC"] = "1"
-        if trim:
-            env["WHIP_SOAK_TRIM"] = "1"
-        self.env_overrides = {k: v for k, v in env.items() if k.startswith("WHIP_INGEST_")}
-        with open(self.log_path, "wb") as sink:
-            self.proc = subprocess.Popen(
-                argv, cwd=REPO, env=env, stdin=subprocess.DEVNULL, stdout=sink, stderr=sink
-            )
-        self.pid = self.proc.pid
-        self.base = f"http://{HOST}:{self.port}"
-        self._probe_seq = 0
-        log(f"server pid {self.pid} on {self.base}, data dir {self.data_dir}")
-
-    async def wait_ready(self, http: aiohttp.ClientSession) -> float:
-        started = time.monotonic()
-        while time.monotonic() - started < READY_TIMEOUT_S:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"server exited {self.proc.returncode}: {self.tail()}")
-            with contextlib.suppress(aiohttp.ClientError, OSError):
-                async with http.get(f"{self.base}/readyz") as response:
-                    if response.status == 200:
-                        return time.monotonic() - started
-            await asyncio.sleep(0.1)
-        raise RuntimeError(f"server not ready within {READY_TIMEOUT_S}s: {self.tail()}")
 
     async def probe(self, *, mark_baseline: bool = False) -> dict[str, Any]:
         """Signal the server's probe and read its answer (bounded). ``mark_baseline``:
@@ -385,43 +351,6 @@ class Server:
                     return reading
             await asyncio.sleep(0.05)
         return {"error": "no probe answer"}
-
-    def tail(self, lines: int = 20) -> str:
-        try:
-            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
-        except OSError:
-            return ""
-
-    def problems(self) -> dict[str, Any]:
-        lines: list[str] = []
-        with contextlib.suppress(OSError):
-            lines = [
-                line
-                for line in self.log_path.read_text(errors="replace").splitlines()
-                if " WARNING " in line or " ERROR " in line or "Traceback" in line
-            ]
-        kinds = Counter(line.split(": ", 1)[-1][:80] for line in lines)
-        return {"count": len(lines), "most_common": kinds.most_common(8)}
-
-    def shutdown(self) -> dict[str, Any]:
-        """SIGINT (graceful), SIGKILL only past the deadline; this process only."""
-        if self.proc.poll() is not None:
-            return {"exit_code": self.proc.returncode, "already_exited": True}
-        started = time.monotonic()
-        self.proc.send_signal(signal.SIGINT)
-        killed = False
-        try:
-            self.proc.wait(STOP_TIMEOUT_S)
-        except subprocess.TimeoutExpired:
-            log(f"server pid {self.pid} ignored SIGINT for {STOP_TIMEOUT_S}s: SIGKILL")
-            self.proc.kill()
-            self.proc.wait(5)
-            killed = True
-        return {
-            "exit_code": self.proc.returncode,
-            "seconds": round(time.monotonic() - started, 2),
-            "killed": killed,
-        }
 
 
 async def metric_values(http: aiohttp.ClientSession, base: str) -> dict[str, float]:
@@ -870,7 +799,7 @@ async def soak(args: argparse.Namespace, work: Path) -> dict[str, Any]:
         connector = aiohttp.TCPConnector(force_close=True, limit=0)
         timeout = aiohttp.ClientTimeout(total=60)
         async with aiohttp.ClientSession(connector=connector, timeout=timeout) as http:
-            report["ready_s"] = round(await server.wait_ready(http), 2)
+            report["ready_s"] = round(await server.wait_ready(), 2)
             ctx = Context(http, server.base, args.hold_s)
 
             log(f"warm-up: {args.warmup} sessions in sequence, then one wave of {args.wave}")
@@ -912,7 +841,7 @@ async def soak(args: argparse.Namespace, work: Path) -> dict[str, Any]:
             log(f"final: {final['proc']}")
     finally:
         report["server_stop"] = server.shutdown()
-    report["server_log_problems"] = server.problems()
+    report["server_log_problems"] = server.problems(most_common=8)
     wal = read_wal(server.data_dir)
 
     # ---- checks

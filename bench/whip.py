@@ -56,29 +56,25 @@ import os
 import platform
 import re
 import shutil
-import signal
-import socket
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
 from collections import Counter
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import aiohttp
 import aioice.ice
+import serverproc
 from aiortc import RTCConfiguration, RTCPeerConnection, RTCSessionDescription
 from aiortc.mediastreams import AudioStreamTrack, VideoStreamTrack
 
 from registry.timeline import Timeline, TimelineConfig
 
-REPO = Path(__file__).resolve().parent.parent
-HOST = "127.0.0.1"
-READY_TIMEOUT_S = 30.0
+HOST = serverproc.HOST
 STOP_TIMEOUT_S = 20.0
 HTTP_TIMEOUT_S = 30.0
 CONNECT_TIMEOUT_S = 10.0
@@ -88,7 +84,7 @@ _FFMPEG_ELAPSED = re.compile(r"Muxer state=.*elapsed=([0-9.]+)ms\(([^)]*)\)")
 
 
 def log(message: str) -> None:
-    print(f"[bench/whip {time.strftime('%H:%M:%S')}] {message}", file=sys.stderr, flush=True)
+    serverproc.log("bench/whip", message)
 
 
 # ---------------------------------------------------------------- statistics
@@ -118,12 +114,6 @@ def summary(values: Sequence[float], digits: int = 2) -> dict[str, Any]:
 
 
 # ---------------------------------------------------------------- the server process
-
-
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind((HOST, 0))
-        return int(sock.getsockname()[1])
 
 
 def proc_status(pid: int) -> dict[str, int]:
@@ -172,131 +162,26 @@ def fs_type(path: Path) -> str:
     return kind
 
 
-@dataclass
-class Server:
-    """One ``python -m whip serve`` subprocess."""
+def start_server(data_dir: Path, log_path: Path, max_sessions: int) -> serverproc.ServerProcess:
+    """A fresh ``python -m whip serve`` with room for ``max_sessions`` (limits and a media
+    budget that never refuses a benchmark session)."""
+    return serverproc.ServerProcess(
+        "bench/whip",
+        data_dir,
+        log_path,
+        max_sessions,
+        {**serverproc.media_budget_env(max_sessions), "WHIP_INGEST_LOG_LEVEL": "INFO"},
+        stop_timeout_s=STOP_TIMEOUT_S,
+    )
 
-    data_dir: Path
-    log_path: Path
-    max_sessions: int
-    port: int = 0
-    proc: subprocess.Popen[bytes] | None = None
-    cmd: list[str] = field(default_factory=list)
-    env_overrides: dict[str, str] = field(default_factory=dict)
-    ready_s: float = math.nan
-    spawned_at: float = 0.0
-    stop: dict[str, Any] = field(default_factory=dict)
 
-    @property
-    def pid(self) -> int:
-        assert self.proc is not None
-        return self.proc.pid
-
-    @property
-    def base(self) -> str:
-        return f"http://{HOST}:{self.port}"
-
-    def spawn(self) -> None:
-        """Start the subprocess (PID recorded in ``proc``)."""
-        self.port = free_port()
-        self.cmd = [
-            sys.executable,
-            "-m",
-            "whip",
-            "serve",
-            "--host",
-            HOST,
-            "--port",
-            str(self.port),
-            "--data-dir",
-            str(self.data_dir),
-            "--max-sessions",
-            str(self.max_sessions),
-            "--stream-limit",
-            str(self.max_sessions),
-        ]
-        # The default media budget (4 GiB / 256 threads) admits 128 two-track sessions;
-        # size it so the budget never refuses a benchmark session (it only does accounting).
-        sessions = max(self.max_sessions, 128)
-        self.env_overrides = {
-            "WHIP_INGEST_LIMITS_MEDIA_BUDGET_BYTES": str(sessions * 2 * 16 * (1 << 20)),
-            "WHIP_INGEST_LIMITS_MEDIA_BUDGET_THREADS": str(min(4096, sessions * 2)),
-            "WHIP_INGEST_LOG_LEVEL": "INFO",
-        }
-        env = {k: v for k, v in os.environ.items() if not k.startswith("WHIP_INGEST_")}
-        env.update(self.env_overrides)
-        with open(self.log_path, "wb") as sink:
-            self.proc = subprocess.Popen(
-                self.cmd, cwd=REPO, env=env, stdin=subprocess.DEVNULL, stdout=sink, stderr=sink
-            )
-        self.spawned_at = time.monotonic()
-        log(f"server pid {self.proc.pid} on port {self.port}, log {self.log_path}")
-
-    async def wait_ready(self) -> None:
-        """Poll ``GET /readyz`` until 200 (the process must still be running)."""
-        assert self.proc is not None
-        started = self.spawned_at
-        deadline = started + READY_TIMEOUT_S
-        async with aiohttp.ClientSession() as http:
-            while time.monotonic() < deadline:
-                if self.proc.poll() is not None:
-                    raise RuntimeError(f"server exited with {self.proc.returncode}: {self.tail()}")
-                with contextlib.suppress(aiohttp.ClientError, OSError):
-                    async with http.get(f"{self.base}/readyz") as response:
-                        if response.status == 200:
-                            self.ready_s = round(time.monotonic() - started, 3)
-                            log(f"server ready after {self.ready_s} s")
-                            return
-                await asyncio.sleep(0.05)
-        raise RuntimeError(f"server not ready within {READY_TIMEOUT_S} s: {self.tail()}")
-
-    def tail(self, lines: int = 20) -> str:
-        try:
-            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
-        except OSError:
-            return ""
-
-    def shutdown(self) -> None:
-        """SIGINT (graceful: closes live sessions, flushes the timeline), then SIGKILL."""
-        proc = self.proc
-        if proc is None or proc.poll() is not None:
-            return
-        started = time.monotonic()
-        proc.send_signal(signal.SIGINT)
-        try:
-            proc.wait(STOP_TIMEOUT_S)
-            killed = False
-        except subprocess.TimeoutExpired:
-            log(f"server pid {proc.pid} ignored SIGINT for {STOP_TIMEOUT_S} s: SIGKILL")
-            proc.kill()
-            proc.wait(5)
-            killed = True
-        self.stop = {
-            "signal": "SIGINT",
-            "seconds": round(time.monotonic() - started, 3),
-            "exit_code": proc.returncode,
-            "killed": killed,
-        }
-        log(f"server pid {proc.pid} stopped: {self.stop}")
-
-    def handler_ms(self) -> dict[str, float]:
-        """session id -> the server's own POST handler time (its log line)."""
-        out: dict[str, float] = {}
-        with contextlib.suppress(OSError):
-            for match in _LOG_201.finditer(self.log_path.read_text(errors="replace")):
-                out[match[1]] = float(match[3])
-        return out
-
-    def log_problems(self, limit: int = 20) -> dict[str, Any]:
-        """WARNING/ERROR/Traceback lines of the server log (counted, first few kept)."""
-        lines: list[str] = []
-        with contextlib.suppress(OSError):
-            lines = [
-                line
-                for line in self.log_path.read_text(errors="replace").splitlines()
-                if " WARNING " in line or " ERROR " in line or "Traceback" in line
-            ]
-        return {"count": len(lines), "first": lines[:limit]}
+def handler_ms(log_path: Path) -> dict[str, float]:
+    """session id -> the server's own POST handler time (its log line)."""
+    out: dict[str, float] = {}
+    with contextlib.suppress(OSError):
+        for match in _LOG_201.finditer(log_path.read_text(errors="replace")):
+            out[match[1]] = float(match[3])
+    return out
 
 
 # ---------------------------------------------------------------- publishers
@@ -378,7 +263,7 @@ async def timed_delete(http: aiohttp.ClientSession, url: str) -> tuple[int, floa
 
 
 async def post_level(
-    http: aiohttp.ClientSession, server: Server, concurrency: int, requests: int
+    http: aiohttp.ClientSession, server: serverproc.ServerProcess, concurrency: int, requests: int
 ) -> dict[str, Any]:
     """``requests`` timed POSTs in waves of ``concurrency`` (after one warm-up wave)."""
     url = f"{server.base}/whip"
@@ -504,7 +389,7 @@ def annotate_levels(
 
 
 async def aiortc_connect_once(
-    http: aiohttp.ClientSession, server: Server, index: int, hold_s: float
+    http: aiohttp.ClientSession, server: serverproc.ServerProcess, index: int, hold_s: float
 ) -> dict[str, Any]:
     pc = new_publisher()
     marks: dict[str, float] = {}
@@ -739,11 +624,10 @@ async def long_push(args: argparse.Namespace, base: Path) -> dict[str, Any]:
     """One FFmpeg push of ``args.long_push`` seconds: it must stay connected to the end."""
     loopback_only()
     data_dir = base / "data"
-    server = Server(data_dir=data_dir, log_path=base / "server.log", max_sessions=10)
+    server = start_server(data_dir, base / "server.log", 10)
     samples: list[dict[str, Any]] = []
     result: dict[str, Any] = {}
     try:
-        server.spawn()
         await server.wait_ready()
         started = time.monotonic()
         push = asyncio.create_task(
@@ -774,7 +658,7 @@ async def long_push(args: argparse.Namespace, base: Path) -> dict[str, Any]:
             and lived_s >= args.long_push - 2,
             "server_samples": samples,
             "server_stop": server.stop,
-            "server_log_problems": server.log_problems(),
+            "server_log_problems": server.problems(first=20),
         }
     }
 
@@ -784,16 +668,13 @@ async def run(args: argparse.Namespace, base: Path) -> dict[str, Any]:
         return await long_push(args, base)
     loopback_only()
     data_dir = base / "data"
-    server = Server(
-        data_dir=data_dir, log_path=base / "server.log", max_sessions=max(1000, *args.levels)
-    )
+    server = start_server(data_dir, base / "server.log", max(1000, *args.levels))
     doc: dict[str, Any] = {}
     levels: list[dict[str, Any]] = []
     aiortc_runs: list[dict[str, Any]] = []
     ffmpeg_runs: list[dict[str, Any]] = []
     doc["host_load_at_start"] = host_load()
     try:
-        server.spawn()
         await server.wait_ready()
         doc["server"] = {
             "cmd": [Path(server.cmd[0]).name, *server.cmd[1:]],
@@ -828,10 +709,10 @@ async def run(args: argparse.Namespace, base: Path) -> dict[str, Any]:
     finally:
         server.shutdown()
     doc["server"]["stop"] = server.stop
-    doc["server"]["log_problems"] = server.log_problems()
+    doc["server"]["log_problems"] = server.problems(first=20)
     runs = await asyncio.to_thread(read_timeline, data_dir)
     by_stream = {info.get("stream"): info for info in runs.values()}
-    annotate_levels(levels, server.handler_ms(), runs)
+    annotate_levels(levels, handler_ms(server.log_path), runs)
     doc["post_201"] = {
         "method": (
             "client-side wall time per POST (send offer + read answer); aiortc audio+video "

@@ -8,11 +8,13 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import aiohttp
 from aiohttp.test_utils import TestServer
 
 from registry.events import Event
 from registry.timeline import Timeline
-from whip.app import create_app
+from tests.whip_peers import AiortcPublisher
+from whip.app import TIMELINE_KEY, create_app
 from whip.cli import configure_ice
 from whip.config import Config, build_config
 
@@ -67,6 +69,26 @@ async def wait_for_type(timeline: Timeline, run_id: str, etype: str, wait_s: flo
         if batch:
             seen = batch[-1].seq
     raise AssertionError(f"no {etype} for {run_id} within {wait_s}s")
+
+
+async def normal_push(server: TestServer, stream: str) -> AiortcPublisher:
+    """A well-behaved aiortc publisher on ``/whip/{stream}``: admitted (201), connected,
+    its first frame decoded, then DELETEd (200) and closed. Returns it (``run_id``).
+
+    Cancellation: the publisher is closed; the server closes the session on its own.
+    """
+    publisher = AiortcPublisher()
+    timeline: Timeline = server.app[TIMELINE_KEY]
+    try:
+        async with aiohttp.ClientSession() as http:
+            response = await publisher.publish(http, str(server.make_url(f"/whip/{stream}")))
+            assert response.status == 201
+            await asyncio.wait_for(publisher.connected.wait(), 15)
+            await wait_for_type(timeline, publisher.run_id, "first_frame")
+            assert (await http.delete(server.make_url(publisher.location))).status == 200
+    finally:
+        await publisher.close()
+    return publisher
 
 
 def serve_argv(port: int, data_dir: Path, *extra: str) -> list[str]:

@@ -12,6 +12,7 @@ import functools
 import random
 import threading
 import time
+from collections.abc import Sequence
 
 import av
 import numpy as np
@@ -166,6 +167,20 @@ def run_worker(
     return thread
 
 
+def queued(
+    codec: RTCRtpCodecParameters, frames: Sequence[bytes], ticks: int = TICKS_PER_FRAME
+) -> FrameIntake:
+    """A closed intake holding all of ``frames`` (each offered as the tap would, ``ticks``
+    apart, and accepted): a whole push, waiting for a decode worker."""
+    kind = codec.mimeType.partition("/")[0]
+    limit = 1 << 20 if kind == "video" else 4096
+    intake = FrameIntake(kind, depth=len(frames), payload_limit=limit)
+    for index, data in enumerate(frames):
+        assert intake.offer(codec, jitter(data, index, ticks))
+    intake.close()
+    return intake
+
+
 # ---------------------------------------------------------------- keyframes
 
 
@@ -242,10 +257,7 @@ def test_audio_frames_are_keyframes_and_unknown_video_is_not() -> None:
 
 @needs_libx264
 def test_h264_frames_decode_one_for_one() -> None:
-    intake = FrameIntake("video", depth=FRAMES, payload_limit=1 << 20)
-    for index, data in enumerate(h264_frames()):
-        assert intake.offer(H264, jitter(data, index))
-    intake.close()
+    intake = queued(H264, h264_frames())
     stats = DecodeStats("video")
     recorder = Recorder()
     started = time.monotonic()
@@ -263,10 +275,7 @@ def test_h264_frames_decode_one_for_one() -> None:
 
 @needs_libx264
 def test_h264_with_codec_threads_flushes_every_frame() -> None:
-    intake = FrameIntake("video", depth=FRAMES, payload_limit=1 << 20)
-    for index, data in enumerate(h264_frames()):
-        intake.offer(H264, jitter(data, index))
-    intake.close()
+    intake = queued(H264, h264_frames())
     stats = DecodeStats("video")
     run_worker(intake, stats, "decode-video-t2", codec_threads=4).join(10)
     # Frame threading delays output; the end-of-stream flush returns the rest.
@@ -275,10 +284,7 @@ def test_h264_with_codec_threads_flushes_every_frame() -> None:
 
 @needs_libx264
 def test_keyframes_only_mode() -> None:
-    intake = FrameIntake("video", depth=FRAMES, payload_limit=1 << 20)
-    for index, data in enumerate(h264_frames()):
-        intake.offer(H264, jitter(data, index))
-    intake.close()
+    intake = queued(H264, h264_frames())
     stats = DecodeStats("video")
     recorder = Recorder()
     run_worker(intake, stats, "decode-video-t3", keyframes_only=True, on_frame=recorder).join(10)
@@ -289,10 +295,7 @@ def test_keyframes_only_mode() -> None:
 @needs_libvpx
 def test_vp8_frames_decode() -> None:
     frames = vp8_frames()
-    intake = FrameIntake("video", depth=len(frames), payload_limit=1 << 20)
-    for index, data in enumerate(frames):
-        intake.offer(VP8, jitter(data, index))
-    intake.close()
+    intake = queued(VP8, frames)
     stats = DecodeStats("video")
     run_worker(intake, stats, "decode-video-t4").join(10)
     assert stats.frames_decoded == len(frames) and stats.decode_errors == 0
@@ -302,10 +305,7 @@ def test_vp8_frames_decode() -> None:
 @needs_libopus
 def test_opus_frames_decode_at_48k_stereo() -> None:
     frames = opus_frames()
-    intake = FrameIntake("audio", depth=len(frames), payload_limit=4096)
-    for index, data in enumerate(frames):
-        assert intake.offer(OPUS, jitter(data, index, ticks=960))
-    intake.close()
+    intake = queued(OPUS, frames, ticks=960)
     stats = DecodeStats("audio")
     run_worker(intake, stats, "decode-audio-t5").join(10)
     assert stats.frames_decoded == len(frames) and stats.decode_errors == 0
@@ -415,10 +415,7 @@ def test_pictures_over_max_pixels_are_refused_and_counted(max_pixels: int | None
     small, big = h264_frames(), h264_big_frames()
     assert [h264_is_keyframe(f) for f in big].count(True) == 2  # IDR at 0 and 30
     stream = [*small[:30], *big, *small[30:]]
-    intake = FrameIntake("video", depth=len(stream), payload_limit=1 << 20)
-    for index, data in enumerate(stream):
-        assert intake.offer(H264, jitter(data, index))
-    intake.close()
+    intake = queued(H264, stream)
     stats = DecodeStats("video")
     recorder = Recorder()
     run_worker(intake, stats, "decode-video-t8", max_pixels=max_pixels, on_frame=recorder).join(10)
@@ -440,10 +437,7 @@ def test_pictures_over_max_pixels_are_refused_and_counted(max_pixels: int | None
 def test_vp8_pictures_over_max_pixels_are_refused_and_counted() -> None:
     """VP8 too: every key frame (0, 10, 20) is refused, the inter frames are skipped."""
     frames = vp8_frames()
-    intake = FrameIntake("video", depth=len(frames), payload_limit=1 << 20)
-    for index, data in enumerate(frames):
-        intake.offer(VP8, jitter(data, index))
-    intake.close()
+    intake = queued(VP8, frames)
     stats = DecodeStats("video")
     run_worker(intake, stats, "decode-video-t9", max_pixels=WIDTH * HEIGHT - 1).join(10)
     assert (stats.frames_decoded, stats.decode_errors) == (0, 3)
@@ -457,13 +451,8 @@ def test_vp8_pictures_over_max_pixels_are_refused_and_counted() -> None:
 def test_g711_and_g722_decode(codec: str, silence: bytes, rate: int) -> None:
     """20 ms packets decode to mono at the RFC 3551 rate (G.711 used to fault the worker:
     the decoder did not open without a rate and layout)."""
-    intake = FrameIntake("audio", depth=5, payload_limit=4096)
-    for index in range(5):
-        assert intake.offer(
-            RTCRtpCodecParameters(mimeType=f"audio/{codec}", clockRate=8000, payloadType=0),
-            jitter(silence * 160, index, ticks=160),
-        )
-    intake.close()
+    params = RTCRtpCodecParameters(mimeType=f"audio/{codec}", clockRate=8000, payloadType=0)
+    intake = queued(params, [silence * 160] * 5, ticks=160)
     stats = DecodeStats("audio")
     run_worker(intake, stats, "decode-audio-t10").join(10)
     assert (stats.frames_decoded, stats.decode_errors) == (5, 0)

@@ -45,7 +45,7 @@ from pipeline.rtp_guard import (
 from registry.events import Event
 from registry.timeline import Timeline
 from tests.hostile_rtp import HostilePublisher, RtpStream, h264_frames
-from tests.servers import wait_for_type
+from tests.servers import normal_push, wait_for_type
 from tests.whip_peers import AiortcPublisher
 from whip.app import TIMELINE_KEY
 from whip.routes_whip import SESSIONS_KEY
@@ -254,17 +254,8 @@ def _decode_threads(session: WhipSession) -> list[str]:
 async def _serves_a_normal_push(server: TestServer) -> None:
     """The server is still up: a well-behaved aiortc publisher is admitted, its first
     frame is decoded, and its session closes cleanly."""
-    publisher = AiortcPublisher()
+    publisher = await normal_push(server, "normal")
     timeline: Timeline = server.app[TIMELINE_KEY]
-    try:
-        async with aiohttp.ClientSession() as http:
-            response = await publisher.publish(http, str(server.make_url("/whip/normal")))
-            assert response.status == 201
-            await asyncio.wait_for(publisher.connected.wait(), 15)
-            await wait_for_type(timeline, publisher.run_id, "first_frame")
-            assert (await http.delete(server.make_url(publisher.location))).status == 200
-    finally:
-        await publisher.close()
     closed = await wait_for_type(timeline, publisher.run_id, "session_closed")
     assert closed.data == {"reason": "deleted"}
     manager: SessionManager = server.app[SESSIONS_KEY]

@@ -18,7 +18,6 @@ from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-import aiohttp
 import av
 import pytest
 from aiohttp.test_utils import TestServer
@@ -27,7 +26,7 @@ from pipeline.analyzers.thumbnail import thumbnail_size
 from registry.timeline import Timeline
 from tests import media_processors
 from tests.media_push import MEDIA, PushResult, clip_info, push_file
-from tests.whip_peers import AiortcPublisher
+from tests.servers import normal_push
 from whip.app import TIMELINE_KEY, create_app
 from whip.cli import configure_ice
 from whip.config import Config, build_config
@@ -386,15 +385,8 @@ async def test_hung_processor_is_a_forced_shutdown_and_others_are_still_served(
         hung = [t for t in threading.enumerate() if t.name.startswith("decode-video-")]
         assert len(hung) == 1 and hung[0].is_alive()
 
-        # The server keeps serving: another publisher is admitted and connects.
-        publisher = AiortcPublisher()
-        async with aiohttp.ClientSession() as http:
-            response = await publisher.publish(http, str(server.make_url("/whip/second")))
-            assert response.status == 201
-            await asyncio.wait_for(publisher.connected.wait(), 15)
-            await _events_until(timeline, publisher.run_id, "first_frame")
-            assert (await http.delete(server.make_url(publisher.location))).status == 200
-        await publisher.close()
+        # The server keeps serving: another publisher is admitted, decoded and DELETEd.
+        publisher = await normal_push(server, "second")
         second = await _events_until(timeline, publisher.run_id, "session_closed")
         assert "forced_shutdown" not in [t for t, _ in second]
         assert manager.budget.figures().bytes_kept == session.permit.nbytes  # still kept
