@@ -703,22 +703,69 @@ async def send_pli(receiver: Any) -> int:
     return len(ssrcs)
 
 
-def schedule_pli(
-    receiver: Any, loop: asyncio.AbstractEventLoop | None = None
-) -> Callable[[], None]:
-    """An ``on_need_keyframe`` for :class:`FrameIntake`: schedules :func:`send_pli` as a
-    task on the loop (call it on the loop thread; it returns at once)."""
-    tasks: set[asyncio.Task[int]] = set()
+PLI_MIN_INTERVAL_S = 0.5
+"""At most one PLI per receiver this often. RFC 4585 leaves PLI pacing to the receiver:
+without it, a sender whose every keyframe we refuse (over ``pipeline.max_pixels``, or
+one that fails to decode) would be asked again at once, in a loop at round-trip speed."""
 
-    def done(task: asyncio.Task[int]) -> None:
-        tasks.discard(task)
+
+class PliPacer:
+    """Paces keyframe requests: the first one is sent at once, later ones at most every
+    ``min_interval_s``. A request inside the interval is not dropped but coalesced: one
+    request is sent when the interval ends (a sender that makes keyframes only on
+    request, like a browser, must still be asked; the intake asks once per episode).
+
+    Loop thread only. ``send()`` makes the request (a coroutine, run as a task whose
+    failure is logged). Counters: ``sent`` (requests made), ``coalesced`` (calls folded
+    into a pending or a later request).
+    """
+
+    def __init__(
+        self,
+        send: Callable[[], Coroutine[Any, Any, int]],
+        loop: asyncio.AbstractEventLoop | None = None,
+        min_interval_s: float = PLI_MIN_INTERVAL_S,
+    ) -> None:
+        self._send = send
+        self._loop = loop
+        self._min_interval_s = min_interval_s
+        self._last = float("-inf")
+        self._deferred: asyncio.TimerHandle | None = None
+        self._tasks: set[asyncio.Task[int]] = set()
+        self.sent = 0
+        self.coalesced = 0
+
+    def __call__(self) -> None:
+        loop = self._loop or asyncio.get_running_loop()
+        if self._deferred is not None:
+            self.coalesced += 1
+            return
+        wait = self._last + self._min_interval_s - loop.time()
+        if wait > 0:
+            self.coalesced += 1
+            self._deferred = loop.call_later(wait, self._fire, loop)
+            return
+        self._fire(loop)
+
+    def _fire(self, loop: asyncio.AbstractEventLoop) -> None:
+        self._deferred = None
+        self._last = loop.time()
+        self.sent += 1
+        task = loop.create_task(self._send(), name="whip-pli")
+        self._tasks.add(task)
+        task.add_done_callback(self._done)
+
+    def _done(self, task: asyncio.Task[int]) -> None:
+        self._tasks.discard(task)
         if not task.cancelled() and task.exception() is not None:
             logger.warning("PLI failed: %r", task.exception())
 
-    def need_keyframe() -> None:
-        running = loop or asyncio.get_running_loop()
-        task = running.create_task(send_pli(receiver), name="whip-pli")
-        tasks.add(task)
-        task.add_done_callback(done)
 
-    return need_keyframe
+def schedule_pli(
+    receiver: Any, loop: asyncio.AbstractEventLoop | None = None
+) -> Callable[[], None]:
+    """An ``on_need_keyframe`` for :class:`FrameIntake`: sends :func:`send_pli` as a task
+    on the loop, paced by a :class:`PliPacer` (call it on the loop thread; it returns at
+    once). A request pending when the session closes is sent to a closed transport,
+    which aiortc ignores."""
+    return PliPacer(lambda: send_pli(receiver), loop)
