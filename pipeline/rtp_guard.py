@@ -83,6 +83,8 @@ MAX_SSRCS = 16
 simulcast triples the video ones). aiortc sends one receiver report per receiver with a
 block per source it ever saw, and never splits it: past 31 blocks the 5-bit count
 overflows (a corrupt RTCP packet), past about 56 the packet no longer fits SRTCP."""
+DISCARD_REASONS = ("datagram_refused", "unroutable", "ssrc_limit", "malformed")
+"""The keys of :meth:`RtpGuard.counts` (the ``reason`` label of the metrics)."""
 _MARK = "_whip_ingest_guard"
 _CODECS = "_RTCRtpReceiver__codecs"
 _NACK = "_RTCRtpReceiver__nack_generator"
@@ -99,6 +101,11 @@ class RtpGuard:
     routed_ssrcs: set[int] = field(default_factory=set)
     """SSRCs a receiver took (at most :data:`MAX_SSRCS`): one of these that stops
     routing lost its receiver to a close, which is not the sender's fault."""
+
+    @staticmethod
+    def no_counts() -> dict[str, int]:
+        """Every reason at zero (the shape of :meth:`counts`)."""
+        return dict.fromkeys(DISCARD_REASONS, 0)
 
     def counts(self) -> dict[str, int]:
         """The counters by reason (the ``reason`` label of the session metrics)."""
@@ -150,6 +157,15 @@ def guard_receiver(receiver: Any) -> RtpGuard:
             setattr(receiver, _NACK, BoundedNackGenerator())
         setattr(receiver, _MARK, guard)
     return guard
+
+
+def discarded_by_reason(receivers: Iterable[Any]) -> dict[str, int]:
+    """The counters of ``receivers``' guards, summed by reason (each transport once)."""
+    found = RtpGuard.no_counts()
+    for guard in guards_of(receivers):
+        for reason, count in guard.counts().items():
+            found[reason] += count
+    return found
 
 
 def guards_of(receivers: Iterable[Any]) -> list[RtpGuard]:

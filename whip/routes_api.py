@@ -77,7 +77,6 @@ from aiohttp import web
 
 from pipeline.decoder import DecodeStats
 from pipeline.intake import FrameIntake, IntakeStats
-from pipeline.rtp_guard import RtpGuard, guards_of
 from registry.events import Event, EventType, is_valid_run_id
 from registry.runs import RunView
 from registry.timeline import MAX_CURSOR, MAX_READ_LIMIT, MAX_WAIT_S, Timeline
@@ -86,6 +85,7 @@ from whip.errors import HttpError
 from whip.ratelimit import guarded
 from whip.routes_whip import AUTH_KEY, SESSIONS_KEY
 from whip.session import WhipSession
+from whip.session_stats import rtp_discarded
 
 logger = logging.getLogger(__name__)
 
@@ -505,18 +505,9 @@ def session_json(
         "drops": sum(t["frames_dropped"] for t in tracks),
         "workers": sum(1 for t in tracks if t["worker_alive"]),
         "workers_detached": len(runtime.detached) if runtime is not None else 0,
-        "rtp_discarded": _rtp_discarded(session),
+        "rtp_discarded": rtp_discarded(session),
         "tracks": tracks,
     }
-
-
-def _rtp_discarded(session: WhipSession) -> dict[str, int]:
-    """The session's datagrams and RTP packets that never reached a frame, by reason."""
-    found = RtpGuard().counts()
-    for guard in guards_of(t.receiver for t in session.pc.getTransceivers()):
-        for reason, count in guard.counts().items():
-            found[reason] += count
-    return found
 
 
 def _session_id(request: web.Request) -> str:

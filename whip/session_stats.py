@@ -11,7 +11,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 
-from pipeline.rtp_guard import RtpGuard, guards_of
+from pipeline.rtp_guard import RtpGuard, discarded_by_reason
 from whip.session import WhipSession
 
 
@@ -37,7 +37,7 @@ class SessionStats:
     keyframe_requests: int = 0
     workers: int = 0
     tracks: dict[str, dict[str, object]] = field(default_factory=dict)
-    rtp_discarded: dict[str, int] = field(default_factory=lambda: RtpGuard().counts())
+    rtp_discarded: dict[str, int] = field(default_factory=RtpGuard.no_counts)
     """Datagrams and RTP packets that never reached a frame, by reason
     (:class:`pipeline.rtp_guard.RtpGuard`)."""
 
@@ -99,9 +99,7 @@ async def session_stats(session: WhipSession) -> SessionStats:
         stats.frames_oversized += reading.oversized_frames
         stats.queue_depth += reading.depth
         stats.keyframe_requests += reading.keyframe_requests
-    for guard in guards_of(t.receiver for t in session.pc.getTransceivers()):
-        for reason, count in guard.counts().items():
-            stats.rtp_discarded[reason] += count
+    stats.rtp_discarded = rtp_discarded(session)
     runtime = session.runtime
     if runtime is not None:
         stats.workers = sum(
@@ -110,3 +108,8 @@ async def session_stats(session: WhipSession) -> SessionStats:
         for stage, decode in runtime.stats().items():
             stats.tracks[stage] = decode.as_dict()
     return stats
+
+
+def rtp_discarded(session: WhipSession) -> dict[str, int]:
+    """The session's datagrams and RTP packets that never reached a frame, by reason."""
+    return discarded_by_reason(t.receiver for t in session.pc.getTransceivers())

@@ -191,7 +191,7 @@ class SessionManager:
             0,
         )
         """Counters of closed sessions (live ones are added at scrape time)."""
-        self.rtp_discarded: dict[str, int] = RtpGuard().counts()
+        self.rtp_discarded: dict[str, int] = RtpGuard.no_counts()
         """Of closed sessions: datagrams and RTP packets that never reached a frame, by
         reason (:class:`pipeline.rtp_guard.RtpGuard`; live ones added at scrape time)."""
         self.post_latency = Histogram(LATENCY_S)
@@ -222,9 +222,7 @@ class SessionManager:
             self._transaction(principal, stream, offer_sdp, summary, posted_at), "whip-admit"
         )
 
-    async def _transaction(
-        self, principal: str, stream: str, offer_sdp: str, summary: OfferSummary, posted_at: float
-    ) -> Admitted:
+    def _refuse_if_shutting_down(self) -> None:
         if self._shutting_down:
             raise HttpError(
                 "server is shutting down",
@@ -232,6 +230,11 @@ class SessionManager:
                 code="shutting_down",
                 headers={"Retry-After": "5"},
             )
+
+    async def _transaction(
+        self, principal: str, stream: str, offer_sdp: str, summary: OfferSummary, posted_at: float
+    ) -> Admitted:
+        self._refuse_if_shutting_down()
         await self._handle_reconnect(principal, stream)
         slot = self.slots.reserve(principal)
         try:
@@ -281,13 +284,7 @@ class SessionManager:
             raise
         slot.release()  # the durable run now counts as committed
         try:
-            if self._shutting_down:
-                raise HttpError(
-                    "server is shutting down",
-                    status=503,
-                    code="shutting_down",
-                    headers={"Retry-After": "5"},
-                )
+            self._refuse_if_shutting_down()
             self.table.insert(session_id, session)
         except (HttpError, SessionIdCollisionError) as exc:
             self.detach(self._tombstone_run(run_id, principal), f"tombstone-{run_id}")
