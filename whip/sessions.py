@@ -44,6 +44,7 @@ from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 from aiortc import RTCConfiguration, RTCPeerConnection, RTCSessionDescription
+from aiortc.exceptions import OperationError
 from aiortc.sdp import candidate_from_sdp
 
 from pipeline.analysis import Analysis, AnalysisSettings, Emit
@@ -67,7 +68,7 @@ from whip.rtc_hooks import (
     restrict_codecs,
     use_wide_certificate,
 )
-from whip.sdp import OfferSummary, finalize_answer
+from whip.sdp import OfferSummary, UnprocessableOfferError, finalize_answer
 from whip.session import CloseReason, WhipSession
 from whip.session_stats import session_stats
 from whip.session_table import SessionIdCollisionError, SessionTable
@@ -325,7 +326,13 @@ class SessionManager:
         pc = RTCPeerConnection(RTCConfiguration(iceServers=[]))
         try:
             use_wide_certificate(pc)
-            await pc.setRemoteDescription(RTCSessionDescription(sdp=offer_sdp, type="offer"))
+            try:
+                await pc.setRemoteDescription(RTCSessionDescription(sdp=offer_sdp, type="offer"))
+            except (ValueError, OperationError) as exc:
+                # aiortc refuses some offers check_offer accepts: it wants rtcp-mux, ICE
+                # credentials and a codec it knows on every m= section, rejected ones too.
+                logger.warning("session %s: offer refused by aiortc: %r", wiring.session_id, exc)
+                raise UnprocessableOfferError(f"offer refused by the WebRTC stack: {exc}") from exc
             for transceiver in pc.getTransceivers():
                 receiving = restrict_codecs(transceiver, summary)
                 transceiver.direction = "recvonly" if receiving else "inactive"
