@@ -1,19 +1,18 @@
 """The aiohttp application: state keys, startup and cleanup, routes.
 
 Startup order: the process-wide aiortc hook of :func:`whip.rtc_hooks.compact_rate_counters`,
-open the timeline (recovery, off the loop), the session manager, then (``server.gc_freeze``)
-the start-up heap is frozen out of garbage collection. Cleanup runs in reverse: the heap
-is unfrozen, live sessions are closed (``session_closed`` reason ``shutdown``, durable),
-then the timeline is flushed and closed. Cleanup failures are
-collected and logged, not swallowed silently.
+open the timeline (recovery, off the loop), the session manager, then the GC policy of
+:mod:`whip.gcpolicy` (``server.gc_young_threshold``, ``server.gc_freeze``). Cleanup runs
+in reverse: the heap is unfrozen and the threshold restored, live sessions are closed
+(``session_closed`` reason ``shutdown``, durable), then the timeline is flushed and
+closed. Cleanup failures are collected and logged, not swallowed silently.
 """
 
 from __future__ import annotations
 
 import asyncio
-import gc
 import logging
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 
 from aiohttp import web
 
@@ -21,6 +20,7 @@ from registry.timeline import Timeline, TimelineConfig
 from whip import metrics
 from whip.auth import Authenticator
 from whip.config import Config
+from whip.gcpolicy import freeze_startup_heap, set_young_threshold
 from whip.middleware import error_middleware
 from whip.ratelimit import LIMITER_KEY, RequestLimiter
 from whip.routes_api import add_api_routes
@@ -70,23 +70,6 @@ def timeline_config(config: Config) -> TimelineConfig:
     )
 
 
-def freeze_startup_heap() -> Callable[[], None]:
-    """Collect once, then exempt every surviving object from later garbage collections
-    (``gc.freeze``, process-wide); returns the undo (``gc.unfreeze``).
-
-    Why: a full collection scans every tracked object and holds the event loop while it
-    does (~0.5 us per object here). What start-up allocated (modules: aiortc, PyAV,
-    aiohttp; the recovered registry) lives as long as the process; frozen, it is never
-    scanned again. Measured in the 500-POST burst: the one full collection went from
-    70-225 ms to 17-50 ms. Objects frozen here that later become cyclic garbage are
-    reclaimed only after the undo (at cleanup). Blocking (one full collection): called
-    before the server listens.
-    """
-    gc.collect()
-    gc.freeze()
-    return gc.unfreeze
-
-
 async def _lifecycle(app: web.Application) -> AsyncIterator[None]:
     config = app[CONFIG_KEY]
     compact_rate_counters()
@@ -95,10 +78,12 @@ async def _lifecycle(app: web.Application) -> AsyncIterator[None]:
     manager = SessionManager(config, timeline)
     app[SESSIONS_KEY] = manager
     metrics.install(app, manager, timeline)
+    restore_threshold = set_young_threshold(config.server.gc_young_threshold)
     unfreeze = freeze_startup_heap() if config.server.gc_freeze else None
     yield
     if unfreeze is not None:
         unfreeze()
+    restore_threshold()
     errors: list[BaseException] = []
     try:
         await manager.shutdown()

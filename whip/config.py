@@ -33,6 +33,7 @@ from registry.record import DEFAULT_MAX_RECORD_BYTES
 from registry.runs import DEFAULT_DELETED_RETENTION
 from registry.snapshot import DEFAULT_TAIL_EVENTS, DEFAULT_WARM_RUNS
 from registry.wal import DEFAULT_SEGMENT_BYTES
+from whip.gcpolicy import DEFAULT_YOUNG_THRESHOLD
 from whip.sdp import DEFAULT_MAX_BYTES as DEFAULT_SDP_MAX_BYTES
 
 Role = Literal["publisher", "operator"]
@@ -160,6 +161,7 @@ class ServerConfig:
     ice_servers: tuple[IceServer, ...] = ()
     reconnect: ReconnectPolicy = "supersede"
     gc_freeze: bool = True
+    gc_young_threshold: int = DEFAULT_YOUNG_THRESHOLD
 
     RULES: ClassVar[dict[str, _Rule]] = {
         "host": _Rule("address to listen on", check=_check_host),
@@ -174,6 +176,12 @@ class ServerConfig:
             "after start-up, exempt what start-up allocated (modules, recovered registry) "
             "from garbage collection (gc.freeze), so a full collection scans only what "
             "came after"
+        ),
+        "gc_young_threshold": _Rule(
+            "net allocations between young-generation garbage collections (gc.set_threshold; "
+            "the interpreter's is 700; 0 leaves it)",
+            0,
+            10_000_000,
         ),
     }
 
