@@ -68,7 +68,7 @@ from registry.record import (
     ScanOutcome,
     decode_frame_at,
     decode_payload,
-    encode_body,
+    encode_body_positional,
     encode_frames,
     scan_frames,
     scan_segment,
@@ -673,7 +673,7 @@ class Wal:
     def _encode(self, event: NewEvent) -> bytes:
         if self._broken is not None or self._queue.closed:
             self._refuse()
-        return encode_body(event, self._max_record_bytes)
+        return encode_body_positional(event, self._max_record_bytes)
 
     async def submit(self, event: NewEvent) -> asyncio.Future[int]:
         """Queue ``event``; the returned future resolves to its seq once it is durable.
@@ -703,7 +703,7 @@ class Wal:
         started = _monotonic()
         if self._broken is not None or self._queue.closed:
             self._refuse()
-        body = encode_body(event, self._max_record_bytes)
+        body = encode_body_positional(event, self._max_record_bytes)
         loop = asyncio.get_running_loop()
         fut: asyncio.Future[int] = loop.create_future()
         item: _Pending = (event, body, loop, fut, started)

@@ -161,3 +161,25 @@ def test_anything_but_zeros_after_a_zero_gap_is_not_unwritten_space() -> None:
     outcome = ScanOutcome()
     list(scan_segment(frames[0] + bytes(100_000) + frames[1], 1, outcome, is_last=True))
     assert outcome.end is ScanEnd.CORRUPT
+
+
+def test_the_c_extensions_are_built() -> None:
+    """``make test`` builds ``registry._walcodec`` and ``registry._newevent`` (pyproject
+    ext-modules, optional so an install without a compiler still works). Without them
+    every append runs the slower pure-Python paths, which nothing else would notice:
+    fail here instead."""
+    import registry.events as events
+    import registry.record as record
+
+    missing = [
+        name
+        for name, built in (
+            ("registry._walcodec", record.HAVE_C_CODEC),
+            ("registry._newevent", events.HAVE_C_NEW_EVENT),
+        )
+        if not built
+    ]
+    assert not missing, (
+        f"not built: {missing}; reinstall with a C compiler (`pip install -e .` builds "
+        "them) or see pyproject.toml"
+    )
