@@ -56,22 +56,40 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from registry.events import EventType, NewEvent
-from registry.snapshot import DEFAULT_TAIL_EVENTS
-from registry.timeline import Timeline, TimelineConfig
-from registry.wal import settle_futures
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))  # before bench/ (``bench/whip.py`` would shadow ``whip``)
+
+from registry.events import EventType, NewEvent  # noqa: E402
+from registry.snapshot import DEFAULT_TAIL_EVENTS  # noqa: E402
+from registry.timeline import Timeline, TimelineConfig  # noqa: E402
+from registry.wal import settle_futures  # noqa: E402
+from whip.gcpolicy import DEFAULT_YOUNG_THRESHOLD, set_young_threshold  # noqa: E402
 
 PRINCIPAL = "bench"
 RECOVERY_TARGET_S = 5.0
 PER_EVENT_RATIO_TARGET = 20.0
 COLD_SCALING_TOLERANCE = 1.5
 
-STORES = ("timeline", "sqlite_per_event", "sqlite_per_event_own_conn", "sqlite_batched")
+STORES = (
+    "timeline",
+    "timeline_interpreter_gc",
+    "sqlite_per_event",
+    "sqlite_per_event_own_conn",
+    "sqlite_batched",
+)
+INTERPRETER_YOUNG_THRESHOLD = 700
+"""CPython's default young-generation threshold (``gc.get_threshold()[0]``)."""
 
 STORE_DESCRIPTIONS: dict[str, dict[str, str]] = {
     "timeline": {
         "producers": "asyncio tasks on one event loop",
         "append": "await timeline.append(NewEvent(...)); returns once durable",
+        "durability": "registry WAL: group commit, one pwrite + fdatasync per batch",
+    },
+    "timeline_interpreter_gc": {
+        "producers": "asyncio tasks on one event loop",
+        "append": "the same as timeline, but with the interpreter's GC thresholds instead "
+        "of the server's policy (whip.gcpolicy); shows what that policy is worth",
         "durability": "registry WAL: group commit, one pwrite + fdatasync per batch",
     },
     "sqlite_per_event": {
@@ -429,8 +447,8 @@ class SqliteBatched:
 class Trace:
     """Start and end (perf_counter) of every append one producer made."""
 
-    starts: array[float] = field(default_factory=lambda: array("d"))
-    ends: array[float] = field(default_factory=lambda: array("d"))
+    starts: array[float] = field(default_factory=lambda: array("d"), repr=False)
+    ends: array[float] = field(default_factory=lambda: array("d"), repr=False)
 
 
 @dataclass(slots=True)
@@ -599,8 +617,10 @@ def run_append_config(
     data_dir = fresh_dir(base, f"{store}-p{producers}-r{rep}")
     runs = [f"p{producers}-r{i:04d}" for i in range(max(producers, args.min_runs))]
     gc.collect()
+    young = INTERPRETER_YOUNG_THRESHOLD if store.endswith("_interpreter_gc") else None
+    restore_gc = set_young_threshold(young) if young is not None else None
     try:
-        if store == "timeline":
+        if store.startswith("timeline"):
             timeline = Timeline.open(TimelineConfig(data_dir=data_dir))
             try:
                 before = (timeline.wal.stats.batches, timeline.wal.stats.appended)
@@ -633,8 +653,11 @@ def run_append_config(
             finally:
                 per_event.close()
         outcome.extra["runs"] = len(runs)
+        outcome.extra["gc_threshold"] = list(gc.get_threshold())
         return summarize_load(store, producers, rep, outcome)
     finally:
+        if restore_gc is not None:
+            restore_gc()
         if not args.keep:
             shutil.rmtree(data_dir, ignore_errors=True)
 
@@ -676,6 +699,10 @@ def appends_section(base: Path, args: argparse.Namespace) -> dict[str, Any]:
             "ratio_timeline_vs_sqlite_batched": ratio(
                 ours, per_store["sqlite_batched"]["appends_per_s_median"]
             ),
+            "ratio_timeline_interpreter_gc_vs_sqlite_per_event": ratio(
+                per_store["timeline_interpreter_gc"]["appends_per_s_median"],
+                per_store["sqlite_per_event"]["appends_per_s_median"],
+            ),
         }
     for r in raw:
         del r["_latencies"]
@@ -691,6 +718,10 @@ def appends_section(base: Path, args: argparse.Namespace) -> dict[str, Any]:
             "that started in the window (queueing included); summary rate = median of "
             "repetitions, summary latency = pooled over repetitions",
             "sqlite_schema": list(SQLITE_SCHEMA),
+            "gc_policy": "the whole run uses the server's GC policy "
+            f"(whip.gcpolicy.set_young_threshold({DEFAULT_YOUNG_THRESHOLD})), every store "
+            "alike, except timeline_interpreter_gc (young threshold "
+            f"{INTERPRETER_YOUNG_THRESHOLD}, the interpreter's)",
             "process_cpu_cores_used": "process CPU (user+sys, all threads) / wall time of "
             "the load; below 1.0 on a GIL-bound run means CPU was taken by others or "
             "threads waited (fsync, GIL hand-offs)",
@@ -1144,8 +1175,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         },
     }
     phases: dict[str, float] = {}
+    # The server's GC policy for the whole run (the server applies it at start-up);
+    # timeline_interpreter_gc switches back to the interpreter's for its own runs.
+    restore_gc = set_young_threshold(DEFAULT_YOUNG_THRESHOLD)
     try:
         doc["machine"] = machine_info(base)
+        doc["machine"]["gc_threshold"] = list(gc.get_threshold())
         if "appends" in args.sections:
             t0 = time.perf_counter()
             doc["appends"] = appends_section(fresh_dir(base, "appends"), args)
@@ -1155,6 +1190,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             doc["reads"], doc["recovery"] = log_section(base, args)
             phases["log"] = round(time.perf_counter() - t0, 1)
     finally:
+        restore_gc()
         if not args.keep:
             shutil.rmtree(base, ignore_errors=True)
     doc["targets"] = evaluate_targets(doc)
