@@ -19,6 +19,21 @@ from aiohttp.test_utils import TestServer
 from registry.timeline import Timeline, TimelineConfig
 from registry.wal import WalFaults
 from tests.servers import ServerPool
+from whip.eventloop import DEFAULT_EVENT_LOOP, EventLoopKind, new_event_loop
+
+TEST_LOOP: EventLoopKind = (
+    "asyncio" if os.environ.get("WHIP_TEST_LOOP") == "asyncio" else DEFAULT_EVENT_LOOP
+)
+"""The loop the async tests run on: the server's default (``WHIP_TEST_LOOP=asyncio``
+for the standard library's)."""
+
+
+def pytest_asyncio_loop_factories(
+    config: pytest.Config, item: pytest.Item
+) -> dict[str, Callable[[], asyncio.AbstractEventLoop]]:
+    """pytest-asyncio's hook: every async test and fixture runs on :data:`TEST_LOOP`."""
+    return {TEST_LOOP: lambda: new_event_loop(TEST_LOOP)}
+
 
 _BLOCKING = ("fsync", "fdatasync")
 

@@ -155,3 +155,38 @@ def test_ctrl_c_on_publish_deletes_the_session(server: str) -> None:
     closes = [json.loads(line) for line in events.stdout.splitlines()]
     reasons = [e["data"]["reason"] for e in closes if e["type"] == "session_closed"]
     assert reasons == ["deleted"]
+
+
+@pytest.mark.parametrize("kind", ["uvloop", "asyncio"])
+def test_serve_runs_on_the_configured_event_loop(tmp_path: Path, kind: str) -> None:
+    port = _free_port()
+    log_path = tmp_path / "server.log"
+    env = {**os.environ, "WHIP_INGEST_SERVER_EVENT_LOOP": kind}
+    with log_path.open("wb") as log:
+        proc = subprocess.Popen(
+            serve_argv(port, tmp_path / "data"), stdout=log, stderr=subprocess.STDOUT, env=env
+        )
+        try:
+            deadline = time.monotonic() + 30
+            while True:  # bounded wait for a /healthz answer
+                assert proc.poll() is None, log_path.read_text()
+                try:
+                    with socket.create_connection(("127.0.0.1", port), timeout=0.5) as sock:
+                        sock.sendall(
+                            b"GET /healthz HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"
+                        )
+                        answer = sock.recv(4096)
+                    break
+                except OSError:
+                    assert time.monotonic() < deadline, "server did not start"
+                    time.sleep(0.1)
+            assert answer.startswith(b"HTTP/1.1 200"), answer
+        finally:
+            proc.send_signal(signal.SIGINT)
+            try:
+                returncode = proc.wait(15)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                raise
+    assert returncode == 0, log_path.read_text()
+    assert f"{kind} loop)" in log_path.read_text()

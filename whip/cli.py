@@ -17,6 +17,7 @@ from whip.aiortc_compat import IncompatibleAiortcError, check_internals
 from whip.app import create_app
 from whip.cli_client import add_client_commands, run_client
 from whip.config import Config, ConfigError, is_loopback, load_config
+from whip.eventloop import new_event_loop
 from whip.rtc_hooks import local_addresses, restrict_host_addresses
 
 logger = logging.getLogger(__name__)
@@ -98,7 +99,14 @@ def main(argv: list[str] | None = None) -> int:
     configure_ice(config)
     app = create_app(config)
     host, port = config.server.host, config.server.port
-    logger.info("serving on http://%s:%d (data dir %s)", host, port, config.server.data_dir)
+    loop = new_event_loop(config.server.event_loop)
+    logger.info(
+        "serving on http://%s:%d (data dir %s, %s loop)",
+        host,
+        port,
+        config.server.data_dir,
+        type(loop).__module__.partition(".")[0],  # what runs, not only what was asked
+    )
     # A burst of encoders reconnecting must not overflow the default accept queue (128).
-    web.run_app(app, host=host, port=port, print=None, backlog=1024)
+    web.run_app(app, host=host, port=port, print=None, backlog=1024, loop=loop)
     return 0

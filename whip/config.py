@@ -33,6 +33,7 @@ from registry.record import DEFAULT_MAX_RECORD_BYTES
 from registry.runs import DEFAULT_DELETED_RETENTION
 from registry.snapshot import DEFAULT_TAIL_EVENTS, DEFAULT_WARM_RUNS
 from registry.wal import DEFAULT_SEGMENT_BYTES
+from whip.eventloop import DEFAULT_EVENT_LOOP, EventLoopKind
 from whip.gcpolicy import DEFAULT_YOUNG_THRESHOLD
 from whip.sdp import DEFAULT_MAX_BYTES as DEFAULT_SDP_MAX_BYTES
 
@@ -162,6 +163,7 @@ class ServerConfig:
     reconnect: ReconnectPolicy = "supersede"
     gc_freeze: bool = True
     gc_young_threshold: int = DEFAULT_YOUNG_THRESHOLD
+    event_loop: EventLoopKind = DEFAULT_EVENT_LOOP
 
     RULES: ClassVar[dict[str, _Rule]] = {
         "host": _Rule("address to listen on", check=_check_host),
@@ -182,6 +184,10 @@ class ServerConfig:
             "the interpreter's is 700; 0 leaves it)",
             0,
             10_000_000,
+        ),
+        "event_loop": _Rule(
+            "asyncio event loop: uvloop (libuv, the loop's machinery in C) or asyncio "
+            "(the standard library's)"
         ),
     }
 
