@@ -63,6 +63,7 @@ from registry.events import EventType, NewEvent  # noqa: E402
 from registry.snapshot import DEFAULT_TAIL_EVENTS  # noqa: E402
 from registry.timeline import Timeline, TimelineConfig  # noqa: E402
 from registry.wal import settle_futures  # noqa: E402
+from whip.eventloop import DEFAULT_EVENT_LOOP, EventLoopKind, new_event_loop  # noqa: E402
 from whip.gcpolicy import DEFAULT_YOUNG_THRESHOLD, set_young_threshold  # noqa: E402
 
 PRINCIPAL = "bench"
@@ -73,6 +74,7 @@ COLD_SCALING_TOLERANCE = 1.5
 STORES = (
     "timeline",
     "timeline_interpreter_gc",
+    "timeline_asyncio_loop",
     "sqlite_per_event",
     "sqlite_per_event_own_conn",
     "sqlite_batched",
@@ -90,6 +92,12 @@ STORE_DESCRIPTIONS: dict[str, dict[str, str]] = {
         "producers": "asyncio tasks on one event loop",
         "append": "the same as timeline, but with the interpreter's GC thresholds instead "
         "of the server's policy (whip.gcpolicy); shows what that policy is worth",
+        "durability": "registry WAL: group commit, one pwrite + fdatasync per batch",
+    },
+    "timeline_asyncio_loop": {
+        "producers": "asyncio tasks on the standard library's event loop",
+        "append": "the same as timeline, but on asyncio's own loop instead of the "
+        "server's default (uvloop, whip.eventloop); shows what that choice is worth",
         "durability": "registry WAL: group commit, one pwrite + fdatasync per batch",
     },
     "sqlite_per_event": {
@@ -619,13 +627,19 @@ def run_append_config(
     gc.collect()
     young = INTERPRETER_YOUNG_THRESHOLD if store.endswith("_interpreter_gc") else None
     restore_gc = set_young_threshold(young) if young is not None else None
+    loop_kind: EventLoopKind = "asyncio" if store.endswith("_asyncio_loop") else DEFAULT_EVENT_LOOP
+
+    def new_loop() -> asyncio.AbstractEventLoop:
+        return new_event_loop(loop_kind)
+
     try:
         if store.startswith("timeline"):
             timeline = Timeline.open(TimelineConfig(data_dir=data_dir))
             try:
                 before = (timeline.wal.stats.batches, timeline.wal.stats.appended)
                 outcome = asyncio.run(
-                    _async_load(timeline.append, runs, producers, args.warmup, args.duration)
+                    _async_load(timeline.append, runs, producers, args.warmup, args.duration),
+                    loop_factory=new_loop,
                 )
                 batches = timeline.wal.stats.batches - before[0]
                 appended = timeline.wal.stats.appended - before[1]
@@ -636,7 +650,8 @@ def run_append_config(
             batched = SqliteBatched(data_dir / "events.sqlite")
             try:
                 outcome = asyncio.run(
-                    _async_load(batched.append, runs, producers, args.warmup, args.duration)
+                    _async_load(batched.append, runs, producers, args.warmup, args.duration),
+                    loop_factory=new_loop,
                 )
             finally:
                 batched.close()
@@ -654,6 +669,7 @@ def run_append_config(
                 per_event.close()
         outcome.extra["runs"] = len(runs)
         outcome.extra["gc_threshold"] = list(gc.get_threshold())
+        outcome.extra["event_loop"] = loop_kind
         return summarize_load(store, producers, rep, outcome)
     finally:
         if restore_gc is not None:
@@ -703,6 +719,10 @@ def appends_section(base: Path, args: argparse.Namespace) -> dict[str, Any]:
                 per_store["timeline_interpreter_gc"]["appends_per_s_median"],
                 per_store["sqlite_per_event"]["appends_per_s_median"],
             ),
+            "ratio_timeline_asyncio_loop_vs_sqlite_per_event": ratio(
+                per_store["timeline_asyncio_loop"]["appends_per_s_median"],
+                per_store["sqlite_per_event"]["appends_per_s_median"],
+            ),
         }
     for r in raw:
         del r["_latencies"]
@@ -718,6 +738,9 @@ def appends_section(base: Path, args: argparse.Namespace) -> dict[str, Any]:
             "that started in the window (queueing included); summary rate = median of "
             "repetitions, summary latency = pooled over repetitions",
             "sqlite_schema": list(SQLITE_SCHEMA),
+            "event_loop": "asyncio producers (timeline, sqlite_batched) run on the server's "
+            f"default loop ({DEFAULT_EVENT_LOOP}, whip.eventloop), except "
+            "timeline_asyncio_loop (the standard library's)",
             "gc_policy": "the whole run uses the server's GC policy "
             f"(whip.gcpolicy.set_young_threshold({DEFAULT_YOUNG_THRESHOLD})), every store "
             "alike, except timeline_interpreter_gc (young threshold "
@@ -786,7 +809,10 @@ def build_log(
     log(f"building {label}: {len(run_ids)} runs x {events_per_run} events = {total:,} events")
     before = (timeline.wal.stats.batches, timeline.wal.stats.appended)
     t0 = time.perf_counter()
-    cursors = asyncio.run(_build(timeline, run_ids, events_per_run, concurrency, cursor_index))
+    cursors = asyncio.run(
+        _build(timeline, run_ids, events_per_run, concurrency, cursor_index),
+        loop_factory=new_event_loop,
+    )
     seconds = time.perf_counter() - t0
     batches = timeline.wal.stats.batches - before[0]
     appended = timeline.wal.stats.appended - before[1]
