@@ -15,9 +15,7 @@ from __future__ import annotations
 
 from array import array
 from bisect import bisect_right
-from collections.abc import Mapping
 from dataclasses import dataclass, field
-from types import MappingProxyType
 from typing import NamedTuple
 
 OFFSET_BITS = 40
@@ -59,13 +57,6 @@ class EventIndex:
 
     def __init__(self) -> None:
         self._runs: dict[str, RunPositions] = {}
-        self._view = MappingProxyType(self._runs)
-
-    @property
-    def known_runs(self) -> Mapping[str, RunPositions]:
-        """Every run's positions by run id (a live read-only view: the writer's fast
-        lookup before :meth:`positions_for`)."""
-        return self._view
 
     def positions_for(self, run_id: str) -> RunPositions:
         """The run's positions, created empty if new (writer thread / recovery only)."""

@@ -163,6 +163,19 @@ def extend_tail(
             # Appended past this tail already (a publish that failed half-way): fork it,
             # so the events this tail does not show never become visible.
             tail = tail[:n_open]
+        elif len(new) == 1 and n_open < CHUNK_EVENTS:
+            # The common case (one event of a run per batch) without the loops below:
+            # room in the open chunk, at most one event out of a full tail.
+            tail.append(new[0])
+            if size < tail_events:
+                size += 1
+            else:
+                complete = False
+                skip += 1
+                if chunks and skip == len(chunks[0]):
+                    skip = 0
+                    chunks = chunks[1:]
+            return _new_tail(RunTail, (chunks, tail, n_open + 1, skip, size, complete))
     for event in new:
         if n_open == CHUNK_EVENTS:
             chunks = (*chunks, tuple(tail))
@@ -222,25 +235,6 @@ class SnapshotBuilder:
         total_events = self._total_events
         for run_id, new_events in by_run.items():
             old = tails.pop(run_id, None)
-            if old is not None and len(new_events) == 1:
-                # The common case, inlined (one event of a run per batch; same result
-                # as extend_tail): room in the open chunk, which this tail is the last
-                # to extend.
-                chunks, tail, n_open, skip, size, complete = old
-                if n_open < CHUNK_EVENTS and len(tail) == n_open:
-                    tail.append(new_events[0])
-                    if size < tail_events:
-                        size += 1
-                    else:
-                        complete = False
-                        skip += 1
-                        if chunks and skip == len(chunks[0]):
-                            skip = 0
-                            chunks = chunks[1:]
-                    tails[run_id] = _new_tail(
-                        RunTail, (chunks, tail, n_open + 1, skip, size, complete)
-                    )
-                    continue
             tails[run_id] = extend_tail(
                 old,
                 new_events,

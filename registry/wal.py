@@ -168,9 +168,6 @@ A plain tuple: one is built per append (0.05 us, a slots class 0.5 us). ``loop``
 for thread producers, whose future is a :class:`concurrent.futures.Future`."""
 
 _monotonic = time.monotonic
-_Future = asyncio.Future
-"""``asyncio.Future(loop=loop)`` is what ``loop.create_future()`` returns on asyncio's
-own loops, without that method's Python frame (~0.1 us of an append's ~9 us)."""
 _new_event = tuple.__new__
 """Builds an :class:`Event` from its six fields without the NamedTuple ``__new__`` call."""
 
@@ -554,7 +551,6 @@ class Wal:
         """Seqs become events; each goes into the index at ``loc`` (segment | offset)."""
         events: list[Event] = []
         by_run: dict[str, list[Event]] = {}
-        known = self.index.known_runs
         positions_for = self.index.positions_for
         seq = first
         for (run_id, etype, principal, data, ts_ms), body, _loop, _fut, _started in batch:
@@ -566,7 +562,7 @@ class Wal:
             else:
                 group.append(event)
             length = len(body) + FRAME_OVERHEAD
-            run = known.get(run_id) or positions_for(run_id)
+            run = positions_for(run_id)
             run.seqs.append(seq)
             run.locs.append(loc)
             run.lens.append(length)
@@ -699,11 +695,11 @@ class Wal:
         its seq.
         """
         started = _monotonic()
-        if self._broken is not None:
+        if self._broken is not None:  # a closed queue refuses in offer/put
             self._refuse()
-        body = encode_body_positional(event, self._max_record_bytes)  # a closed queue refuses
+        body = encode_body_positional(event, self._max_record_bytes)
         loop = asyncio.get_running_loop()
-        fut: asyncio.Future[int] = _Future(loop=loop)
+        fut: asyncio.Future[int] = loop.create_future()
         item: _Pending = (event, body, loop, fut, started)
         if not self._queue.offer(item):
             await self._queue.put(item)
