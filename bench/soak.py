@@ -123,6 +123,7 @@ import serverproc  # noqa: E402
 from aiortc import RTCConfiguration, RTCPeerConnection, RTCSessionDescription  # noqa: E402
 from aiortc.mediastreams import AudioStreamTrack, VideoStreamTrack  # noqa: E402
 
+from tests.servers import metric_values  # noqa: E402
 from whip.rtc_hooks import restrict_host_addresses  # noqa: E402
 
 HOST = serverproc.HOST
@@ -351,19 +352,6 @@ class Server(serverproc.ServerProcess):
                     return reading
             await asyncio.sleep(0.05)
         return {"error": "no probe answer"}
-
-
-async def metric_values(http: aiohttp.ClientSession, base: str) -> dict[str, float]:
-    async with http.get(f"{base}/metrics") as response:
-        response.raise_for_status()
-        text = await response.text()
-    values: dict[str, float] = {}
-    for line in text.splitlines():
-        if line and not line.startswith("#"):
-            name, _, value = line.rpartition(" ")
-            with contextlib.suppress(ValueError):
-                values[name] = float(value)
-    return values
 
 
 # ---------------------------------------------------------------- publishers

@@ -4,6 +4,7 @@ the ``whip_servers`` fixture (tests/conftest.py) wraps."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import sys
 from pathlib import Path
 from typing import Any
@@ -107,3 +108,18 @@ def serve_argv(port: int, data_dir: Path, *extra: str) -> list[str]:
         str(data_dir),
         *extra,
     ]
+
+
+async def metric_values(http: aiohttp.ClientSession, base: str) -> dict[str, float]:
+    """Every sample of the server's ``/metrics`` as ``{"name{labels}": value}`` (raises
+    on a non-200 answer)."""
+    async with http.get(f"{base}/metrics") as response:
+        response.raise_for_status()
+        text = await response.text()
+    values: dict[str, float] = {}
+    for line in text.splitlines():
+        if line and not line.startswith("#"):
+            name, _, value = line.rpartition(" ")
+            with contextlib.suppress(ValueError):
+                values[name] = float(value)
+    return values

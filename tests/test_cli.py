@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -9,6 +10,7 @@ import socket
 import subprocess
 import sys
 import time
+import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -25,16 +27,18 @@ def _free_port() -> int:
         return int(sock.getsockname()[1])
 
 
-@pytest.fixture
-def server(tmp_path: Path) -> Iterator[str]:
+@contextlib.contextmanager
+def serving(
+    tmp_path: Path, env: dict[str, str] | None = None
+) -> Iterator[tuple[str, subprocess.Popen[bytes]]]:
+    """A real ``whip-ingest serve`` process on a free port of 127.0.0.1, accepting
+    connections, as ``(url, process)``; SIGINT (then kill after 15 s) on the way out.
+    Its output goes to ``tmp_path/server.log``."""
     port = _free_port()
     log = (tmp_path / "server.log").open("wb")
     proc = subprocess.Popen(
-        serve_argv(port, tmp_path / "data"),
-        stdout=log,
-        stderr=subprocess.STDOUT,
+        serve_argv(port, tmp_path / "data"), stdout=log, stderr=subprocess.STDOUT, env=env
     )
-    url = f"http://127.0.0.1:{port}"
     try:
         deadline = time.monotonic() + 30
         while True:  # bounded wait for readiness
@@ -45,7 +49,7 @@ def server(tmp_path: Path) -> Iterator[str]:
             except OSError:
                 assert time.monotonic() < deadline, "server did not start"
                 time.sleep(0.1)
-        yield url
+        yield f"http://127.0.0.1:{port}", proc
     finally:
         proc.send_signal(signal.SIGINT)
         try:
@@ -53,6 +57,12 @@ def server(tmp_path: Path) -> Iterator[str]:
         except subprocess.TimeoutExpired:
             proc.kill()
         log.close()
+
+
+@pytest.fixture
+def server(tmp_path: Path) -> Iterator[str]:
+    with serving(tmp_path) as (url, _proc):
+        yield url
 
 
 def cli(*args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
@@ -159,34 +169,11 @@ def test_ctrl_c_on_publish_deletes_the_session(server: str) -> None:
 
 @pytest.mark.parametrize("kind", ["uvloop", "asyncio"])
 def test_serve_runs_on_the_configured_event_loop(tmp_path: Path, kind: str) -> None:
-    port = _free_port()
-    log_path = tmp_path / "server.log"
     env = {**os.environ, "WHIP_INGEST_SERVER_EVENT_LOOP": kind}
-    with log_path.open("wb") as log:
-        proc = subprocess.Popen(
-            serve_argv(port, tmp_path / "data"), stdout=log, stderr=subprocess.STDOUT, env=env
-        )
-        try:
-            deadline = time.monotonic() + 30
-            while True:  # bounded wait for a /healthz answer
-                assert proc.poll() is None, log_path.read_text()
-                try:
-                    with socket.create_connection(("127.0.0.1", port), timeout=0.5) as sock:
-                        sock.sendall(
-                            b"GET /healthz HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"
-                        )
-                        answer = sock.recv(4096)
-                    break
-                except OSError:
-                    assert time.monotonic() < deadline, "server did not start"
-                    time.sleep(0.1)
-            assert answer.startswith(b"HTTP/1.1 200"), answer
-        finally:
-            proc.send_signal(signal.SIGINT)
-            try:
-                returncode = proc.wait(15)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                raise
-    assert returncode == 0, log_path.read_text()
-    assert f"{kind} loop)" in log_path.read_text()
+    with (
+        serving(tmp_path, env) as (url, proc),
+        urllib.request.urlopen(f"{url}/healthz", timeout=10) as answer,
+    ):
+        assert answer.status == 200
+    assert proc.returncode == 0, (tmp_path / "server.log").read_text()
+    assert f"{kind} loop)" in (tmp_path / "server.log").read_text()

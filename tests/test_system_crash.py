@@ -52,7 +52,7 @@ if str(ROOT) not in sys.path:  # the bench imports this module as a script's hel
 from registry.events import Event, EventType  # noqa: E402
 from registry.record import decode_frame_at  # noqa: E402
 from tests.crash_writer import live_runs, segment_paths, walk_frames  # noqa: E402
-from tests.servers import serve_argv  # noqa: E402
+from tests.servers import metric_values, serve_argv  # noqa: E402
 from tests.whip_peers import AiortcPublisher  # noqa: E402
 
 READY_DEADLINE_S = 30.0
@@ -346,19 +346,6 @@ class Load:
 
 
 # ---------------------------------------------------------------- checks on a live server
-
-
-async def metric_values(http: aiohttp.ClientSession, base: str) -> dict[str, float]:
-    async with http.get(f"{base}/metrics") as response:
-        assert response.status == 200
-        text = await response.text()
-    values: dict[str, float] = {}
-    for line in text.splitlines():
-        if line and not line.startswith("#"):
-            name, _, value = line.rpartition(" ")
-            with contextlib.suppress(ValueError):
-                values[name] = float(value)
-    return values
 
 
 async def check_restarted(
