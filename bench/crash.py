@@ -3,7 +3,7 @@
     .venv/bin/python bench/crash.py [--iterations 100] [--seed N] [--segment-bytes B]
         [--fresh-every K] [--data-dir DIR] [--progress]
 
-Each iteration spawns ``tests/crash_writer.py`` on the same data dir, SIGKILLs it at a
+Each iteration spawns ``tests/support/crash_writer.py`` on the same data dir, SIGKILLs it at a
 random point, reopens the dir here and checks every confirmed append (all iterations so
 far), gap-free seqs, no duplicates and the ``run_interrupted`` of exactly the runs left
 live. Prints one JSON object on stdout; exits 1 if any iteration failed. A failed
@@ -24,7 +24,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests" / "support"))
 
 from crash_writer import IterationStats, LoopState, run_iteration
 

@@ -123,7 +123,7 @@ import serverproc  # noqa: E402
 from aiortc import RTCConfiguration, RTCPeerConnection, RTCSessionDescription  # noqa: E402
 from aiortc.mediastreams import AudioStreamTrack, VideoStreamTrack  # noqa: E402
 
-from tests.servers import metric_values  # noqa: E402
+from tests.support.servers import metric_values  # noqa: E402
 from whip.rtc_hooks import restrict_host_addresses  # noqa: E402
 
 HOST = serverproc.HOST

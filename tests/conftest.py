@@ -18,7 +18,7 @@ from aiohttp.test_utils import TestServer
 
 from registry.timeline import Timeline, TimelineConfig
 from registry.wal import WalFaults
-from tests.servers import ServerPool
+from tests.support.servers import ServerPool
 from whip.eventloop import DEFAULT_EVENT_LOOP, EventLoopKind, new_event_loop
 
 TEST_LOOP: EventLoopKind = (

@@ -14,8 +14,8 @@ import aiohttp
 import pytest
 from aiohttp.test_utils import TestServer, make_mocked_request
 
-from tests.servers import make_config
-from tests.whip_peers import AiortcPublisher
+from tests.support.peers import AiortcPublisher
+from tests.support.servers import make_config
 from whip.auth import Authenticator, hash_token
 from whip.ratelimit import LIMITER_KEY, RequestLimiter, TokenBuckets
 from whip.sessions import new_id

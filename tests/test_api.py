@@ -25,8 +25,8 @@ from yarl import URL
 
 from registry.events import NewEvent, now_ms
 from registry.timeline import Timeline
-from tests.servers import make_config
-from tests.whip_peers import AiortcPublisher
+from tests.support.peers import AiortcPublisher
+from tests.support.servers import make_config
 from whip.app import TIMELINE_KEY, create_app
 from whip.auth import hash_token
 from whip.cli import configure_ice

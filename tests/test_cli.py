@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.servers import serve_argv
+from tests.support.servers import serve_argv
 
 PYTHON = sys.executable
 

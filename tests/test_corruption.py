@@ -16,11 +16,11 @@ import time
 from pathlib import Path
 
 import pytest
-from crash_writer import WriterProcess, live_runs, segment_paths, walk_frames
 
 from registry.errors import CorruptLogError, DataDirLockedError, UnknownRunError
 from registry.events import Event, EventType, NewEvent
 from registry.timeline import Timeline, TimelineConfig
+from tests.support.crash_writer import WriterProcess, live_runs, segment_paths, walk_frames
 
 SMALL_SEGMENTS = 4096
 

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 from aiohttp.test_utils import TestServer
 
-from tests.servers import make_config
+from tests.support.servers import make_config
 from whip.app import create_app
 from whip.gcpolicy import DEFAULT_YOUNG_THRESHOLD, set_young_threshold
 

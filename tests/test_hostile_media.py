@@ -1,5 +1,5 @@
 """Hostile media (issue 6), end to end: a real aiortc publisher on loopback UDP, once
-DTLS/SRTP is up, sends hand-crafted RTP through its own SRTP (tests/hostile_rtp.py) into
+DTLS/SRTP is up, sends hand-crafted RTP through its own SRTP (tests/support/hostile_rtp.py) into
 the in-process server. Garbage payloads, payload types nobody negotiated, SSRC changes
 and churn, sequence-number jumps, frames far over the payload limit, datagrams aiortc
 cannot take, a publisher that stops mid-frame or vanishes: each is counted where an
@@ -44,9 +44,9 @@ from pipeline.rtp_guard import (
 )
 from registry.events import Event
 from registry.timeline import Timeline
-from tests.hostile_rtp import HostilePublisher, RtpStream, h264_frames
-from tests.servers import normal_push, wait_for_type
-from tests.whip_peers import AiortcPublisher
+from tests.support.hostile_rtp import HostilePublisher, RtpStream, h264_frames
+from tests.support.peers import AiortcPublisher
+from tests.support.servers import normal_push, wait_for_type
 from whip.app import TIMELINE_KEY
 from whip.routes_whip import SESSIONS_KEY
 from whip.session import WhipSession

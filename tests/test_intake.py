@@ -49,6 +49,7 @@ from pipeline.intake import (
     send_pli,
 )
 from pipeline.runtime import SessionRuntime
+from tests.support.peers import AiortcPublisher
 from tests.test_decoder import (
     H264,
     OPUS,
@@ -58,7 +59,6 @@ from tests.test_decoder import (
     needs_libx264,
     run_worker,
 )
-from tests.whip_peers import AiortcPublisher
 
 # ---------------------------------------------------------------- FrameIntake
 

@@ -5,7 +5,7 @@ Everything goes over real HTTP to a real in-process server on 127.0.0.1 (the
 ``whip_servers`` fixture) with real SDP offers from aiortc peers or real FFmpeg WHIP
 pushes. In the burst, what would be other machines runs in other processes (the POST
 client ``bench/load.py``; the publishers holding the offers and the ``/healthz`` prober,
-``tests/load_procs.py``), so the server's event loop, garbage collector and GIL carry
+``tests/support/load_procs.py``), so the server's event loop, garbage collector and GIL carry
 only the server. The figures each test measures (refusal latency percentiles, the
 ``/healthz`` answers, wall times) are printed; run with ``-s`` to see them.
 """
@@ -33,7 +33,7 @@ from aiohttp.test_utils import TestServer
 
 import whip.config
 from registry.events import Event, NewEvent
-from tests.whip_peers import ffmpeg_whip_push
+from tests.support.peers import ffmpeg_whip_push
 from whip.app import TIMELINE_KEY
 from whip.auth import hash_token
 from whip.routes_whip import SESSIONS_KEY
@@ -137,14 +137,14 @@ def tail(log: Path) -> str:
 
 @contextlib.asynccontextmanager
 async def load_proc(log: Path, *args: str, ready_s: float = 60) -> AsyncIterator[None]:
-    """``python -m tests.load_procs *args``, from its ``ready`` line until the block ends;
+    """``python -m tests.support.load_procs *args``, from its ``ready`` line until the block ends;
     then its stdin is closed and it must exit 0 (bounded; killed otherwise). Its stderr
     goes to ``log``."""
     with log.open("wb") as errors:
         process = await asyncio.create_subprocess_exec(
             sys.executable,
             "-m",
-            "tests.load_procs",
+            "tests.support.load_procs",
             *args,
             cwd=ROOT,
             stdin=asyncio.subprocess.PIPE,

@@ -10,7 +10,7 @@ import pytest
 from aiohttp.test_utils import TestServer
 from prometheus_client.parser import text_string_to_metric_families
 
-from tests.whip_peers import AiortcPublisher
+from tests.support.peers import AiortcPublisher
 from whip.app import TIMELINE_KEY
 from whip.routes_whip import SESSIONS_KEY
 from whip.sessions import SessionManager

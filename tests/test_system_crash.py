@@ -51,9 +51,9 @@ if str(ROOT) not in sys.path:  # the bench imports this module as a script's hel
 
 from registry.events import Event, EventType  # noqa: E402
 from registry.record import decode_frame_at  # noqa: E402
-from tests.crash_writer import live_runs, segment_paths, walk_frames  # noqa: E402
-from tests.servers import metric_values, serve_argv  # noqa: E402
-from tests.whip_peers import AiortcPublisher  # noqa: E402
+from tests.support.crash_writer import live_runs, segment_paths, walk_frames  # noqa: E402
+from tests.support.peers import AiortcPublisher  # noqa: E402
+from tests.support.servers import metric_values, serve_argv  # noqa: E402
 
 READY_DEADLINE_S = 30.0
 CONNECT_DEADLINE_S = 15.0

@@ -12,8 +12,8 @@ import pytest
 from aiohttp.test_utils import TestServer
 
 from registry.timeline import Timeline
-from tests.servers import wait_for_type
-from tests.whip_peers import AiortcPublisher, ffmpeg_whip_push
+from tests.support.peers import AiortcPublisher, ffmpeg_whip_push
+from tests.support.servers import wait_for_type
 from whip.app import TIMELINE_KEY
 from whip.auth import hash_token
 from whip.routes_whip import SESSIONS_KEY

@@ -29,8 +29,8 @@ from cryptography.hazmat.primitives.asymmetric import ec, rsa
 
 import whip.sessions
 from registry.timeline import Timeline
-from tests.servers import wait_for_type
-from tests.whip_peers import AiortcPublisher
+from tests.support.peers import AiortcPublisher
+from tests.support.servers import wait_for_type
 from whip.app import TIMELINE_KEY
 from whip.routes_whip import SESSIONS_KEY
 from whip.rtc_hooks import WideCipherCertificate, use_wide_certificate

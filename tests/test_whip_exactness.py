@@ -34,8 +34,8 @@ from aiortc import RTCPeerConnection
 import whip.sessions
 from registry.events import Event
 from registry.timeline import Timeline
-from tests.servers import wait_for_type
-from tests.whip_peers import AiortcPublisher
+from tests.support.peers import AiortcPublisher
+from tests.support.servers import wait_for_type
 from whip.app import TIMELINE_KEY, create_app
 from whip.auth import hash_token
 from whip.cli import configure_ice

@@ -28,8 +28,8 @@ from registry.events import Event, now_ms
 from registry.record import ScanOutcome, decode_frame_at, scan_segment
 from registry.timeline import Timeline, TimelineConfig
 from registry.wal import SEGMENT_SUFFIX
-from tests.servers import serve_argv, wait_for_type
-from tests.whip_peers import AiortcPublisher, ffmpeg_whip_push
+from tests.support.peers import AiortcPublisher, ffmpeg_whip_push
+from tests.support.servers import serve_argv, wait_for_type
 from whip.app import TIMELINE_KEY
 from whip.routes_whip import SESSIONS_KEY
 from whip.rtc_hooks import restrict_host_addresses
@@ -180,7 +180,7 @@ async def test_sigkilled_publisher_is_reclaimed_as_peer_gone(
         proc = await asyncio.create_subprocess_exec(
             sys.executable,
             "-m",
-            "tests.publisher_proc",
+            "tests.support.publisher_proc",
             "--kind",
             kind,
             url,

@@ -2,7 +2,7 @@
 into the in-process server on 127.0.0.1, checked through the run's timeline, the live
 session's counters, the budget and the thumbnail file.
 
-Processors that block, raise or hang come from ``tests/media_processors.py`` and are
+Processors that block, raise or hang come from ``tests/support/media_processors.py`` and are
 loaded the production way, through ``pipeline.processors``.
 """
 
@@ -24,9 +24,9 @@ from aiohttp.test_utils import TestServer
 
 from pipeline.analyzers.thumbnail import thumbnail_size
 from registry.timeline import Timeline
-from tests import media_processors
-from tests.media_push import MEDIA, PushResult, clip_info, push_file
-from tests.servers import normal_push
+from tests.support import media_processors
+from tests.support.media_push import MEDIA, PushResult, clip_info, push_file
+from tests.support.servers import normal_push
 from whip.app import TIMELINE_KEY, create_app
 from whip.cli import configure_ice
 from whip.config import Config, build_config
@@ -238,7 +238,7 @@ async def test_blocked_processor_drops_within_the_reservation_and_resumes_at_a_k
     server = await start_server(
         pipeline__queue_depth=depth,
         pipeline__payload_limit_bytes=limit,
-        pipeline__processors=["tests.media_processors:Blocker"],
+        pipeline__processors=["tests.support.media_processors:Blocker"],
         pipeline__analyze_audio=False,
     )
     manager: SessionManager = server.app[SESSIONS_KEY]
@@ -328,7 +328,7 @@ async def test_blocked_processor_drops_within_the_reservation_and_resumes_at_a_k
 async def test_raising_processor_faults_the_session_and_releases_the_permit(
     start_server: Callable[..., Any],
 ) -> None:
-    server = await start_server(pipeline__processors=["tests.media_processors:Raiser"])
+    server = await start_server(pipeline__processors=["tests.support.media_processors:Raiser"])
     manager: SessionManager = server.app[SESSIONS_KEY]
     timeline: Timeline = server.app[TIMELINE_KEY]
     finished = threading.Event()
@@ -359,7 +359,8 @@ async def test_hung_processor_is_a_forced_shutdown_and_others_are_still_served(
     start_server: Callable[..., Any],
 ) -> None:
     server = await start_server(
-        pipeline__processors=["tests.media_processors:Hanger"], pipeline__join_deadline_s=0.5
+        pipeline__processors=["tests.support.media_processors:Hanger"],
+        pipeline__join_deadline_s=0.5,
     )
     manager: SessionManager = server.app[SESSIONS_KEY]
     timeline: Timeline = server.app[TIMELINE_KEY]
@@ -542,7 +543,7 @@ async def test_decode_error_while_a_keyframe_is_queued_loses_no_decodable_frame(
 
     server = await start_server(
         pipeline__queue_depth=64,
-        pipeline__processors=["tests.media_processors:LateBlocker"],
+        pipeline__processors=["tests.support.media_processors:LateBlocker"],
     )
     manager: SessionManager = server.app[SESSIONS_KEY]
     timeline: Timeline = server.app[TIMELINE_KEY]

@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 from aiohttp.test_utils import TestServer
 
-from tests.servers import make_config
-from tests.whip_peers import ffmpeg_whip_push
+from tests.support.peers import ffmpeg_whip_push
+from tests.support.servers import make_config
 from whip.app import TIMELINE_KEY, create_app
 from whip.cli import configure_ice
 from whip.routes_whip import SESSIONS_KEY

@@ -9,7 +9,7 @@ import aiohttp
 import pytest
 from aiohttp.test_utils import TestServer
 
-from tests.whip_peers import AiortcPublisher
+from tests.support.peers import AiortcPublisher
 from whip.routes_whip import SESSIONS_KEY
 from whip.sessions import SessionManager
 

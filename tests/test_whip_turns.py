@@ -26,7 +26,7 @@ import pytest
 from aiohttp.test_utils import TestServer
 
 import whip.routes_whip
-from tests.whip_peers import AiortcPublisher
+from tests.support.peers import AiortcPublisher
 from whip.routes_whip import SESSIONS_KEY
 from whip.sessions import SessionManager
 from whip.turns import LeaseGate, TurnGate

@@ -2,14 +2,14 @@
 
 Usage (from the repository root)::
 
-    python -m tests.publisher_proc [--kind aiortc|ffmpeg] URL SECONDS
+    python -m tests.support.publisher_proc [--kind aiortc|ffmpeg] URL SECONDS
 
 Publishes test media to ``URL`` for ``SECONDS`` seconds, prints ``connected`` on stdout
 (flushed) as soon as media can flow, then DELETEs its session URL and exits 0. Exit 1
 when the server refuses the POST or no connection comes within the deadline. ICE host
 candidates are limited to 127.0.0.1 (loopback only).
 
-- ``aiortc``: :class:`tests.whip_peers.AiortcPublisher`; answers ICE consent checks.
+- ``aiortc``: :class:`tests.support.peers.AiortcPublisher`; answers ICE consent checks.
 - ``ffmpeg``: FFmpeg's WHIP muxer through PyAV (H.264 only), which never answers
   consent checks; its handshake completes inside the first ``mux()``.
 """
@@ -36,7 +36,7 @@ async def aiortc_publish(url: str, seconds: float) -> int:
     """Offer, connect, stream for ``seconds``, DELETE, close."""
     import aiohttp
 
-    from tests.whip_peers import AiortcPublisher
+    from tests.support.peers import AiortcPublisher
     from whip.rtc_hooks import restrict_host_addresses
 
     restrict_host_addresses(["127.0.0.1"])

@@ -1,5 +1,5 @@
 """Frame processors for the end-to-end media tests, loaded through configuration
-(``pipeline.processors = ["tests.media_processors:Blocker"]``).
+(``pipeline.processors = ["tests.support.media_processors:Blocker"]``).
 
 They are controlled through module-level events (one test at a time uses them; the
 ``controls`` fixture of ``tests/test_whip_media.py`` resets them). Every wait is bounded,

@@ -2,9 +2,9 @@
 
 As a program (the child)::
 
-    python tests/crash_writer.py DATA_DIR --tag TAG --seed SEED [--producers N]
+    python tests/support/crash_writer.py DATA_DIR --tag TAG --seed SEED [--producers N]
         [--threads N] [--segment-bytes B] [--max-seconds S]
-    python tests/crash_writer.py DATA_DIR --hold
+    python tests/support/crash_writer.py DATA_DIR --hold
 
 The writer opens a :class:`Timeline` on ``DATA_DIR`` and appends under load until it is
 killed: ``--producers`` asyncio tasks (``await append``) and ``--threads`` worker threads

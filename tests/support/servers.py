@@ -14,7 +14,7 @@ from aiohttp.test_utils import TestServer
 
 from registry.events import Event
 from registry.timeline import Timeline
-from tests.whip_peers import AiortcPublisher
+from tests.support.peers import AiortcPublisher
 from whip.app import TIMELINE_KEY, create_app
 from whip.cli import configure_ice
 from whip.config import Config, build_config

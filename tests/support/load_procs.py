@@ -2,8 +2,8 @@
 
 Usage (from the repository root)::
 
-    python -m tests.load_procs offers COUNT OUT
-    python -m tests.load_procs probe URL OUT [--every SECONDS]
+    python -m tests.support.load_procs offers COUNT OUT
+    python -m tests.support.load_procs probe URL OUT [--every SECONDS]
 
 - ``offers``: COUNT aiortc publishers (video only, ICE host candidates on 127.0.0.1)
   make their offers; the offers go to OUT (a JSON list) and ``ready`` is printed on
@@ -48,7 +48,7 @@ def write_json(path: Path, value: object) -> None:
 
 
 async def hold_offers(count: int, out: Path) -> int:
-    from tests.whip_peers import AiortcPublisher
+    from tests.support.peers import AiortcPublisher
     from whip.rtc_hooks import restrict_host_addresses
 
     restrict_host_addresses(["127.0.0.1"])
