@@ -70,7 +70,8 @@ import numpy as np  # noqa: E402
 
 from pipeline.analysis import Analysis, AnalysisSettings  # noqa: E402
 from pipeline.decoder import DecodeStats, decoder_worker  # noqa: E402
-from pipeline.intake import EncodedFrame, FrameIntake  # noqa: E402
+from pipeline.frame import EncodedFrame  # noqa: E402
+from pipeline.intake import FrameIntake  # noqa: E402
 from pipeline.keyframes import is_keyframe  # noqa: E402
 
 DEPTH = 16

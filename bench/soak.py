@@ -10,7 +10,7 @@ is ever signalled). It is started through a tiny bench-side wrapper (:data:`PROB
 that runs ``whip`` exactly like ``-m whip`` and adds one thing: on ``SIGUSR1`` it writes
 a JSON probe to a file (after ``gc.collect()``): asyncio tasks by name, Python threads by
 name, live instances of the session classes (``WhipSession``, ``RTCPeerConnection``,
-``SessionRuntime``, ...), ``sys.getallocatedblocks()``. Nothing else in the server is
+``Supervisor``, ...), ``sys.getallocatedblocks()``. Nothing else in the server is
 touched. The server runs with ``limits.reclaim_after_s = 2`` so a vanished peer is
 reclaimed quickly.
 
@@ -124,7 +124,7 @@ from aiortc import RTCConfiguration, RTCPeerConnection, RTCSessionDescription  #
 from aiortc.mediastreams import AudioStreamTrack, VideoStreamTrack  # noqa: E402
 
 from tests.support.servers import metric_values  # noqa: E402
-from whip.rtc_hooks import restrict_host_addresses  # noqa: E402
+from whip.rtc.host_addresses import restrict_host_addresses  # noqa: E402
 
 HOST = serverproc.HOST
 CONNECT_TIMEOUT_S = 20.0
@@ -146,7 +146,7 @@ WATCHED_TYPES = (
     "RTCDtlsTransport",
     "RTCIceTransport",
     "RTCRtpReceiver",
-    "SessionRuntime",
+    "Supervisor",
     "FrameIntake",
     "Analysis",
     "Liveness",
@@ -375,7 +375,7 @@ class SmallVideoTrack(VideoStreamTrack):
 
 def mute(pc: RTCPeerConnection) -> None:
     """Make ``pc`` vanish: nothing it sends reaches the wire any more (no RTCP BYE, no
-    DTLS close_notify). Touches ``RTCIceTransport._send`` (the hook whip.rtc_hooks
+    DTLS close_notify). Touches ``RTCIceTransport._send`` (the hook whip.rtc.dtls_kick
     also relies on); STUN answers stop when the peer closes its ICE sockets."""
 
     async def drop(data: bytes) -> None:

@@ -1,7 +1,7 @@
 """One session's analysis: the analyzers and plug-ins behind a single ``on_frame``.
 
 :class:`Analysis` builds the built-in analyzers (:mod:`pipeline.analyzers`) for a
-session and hands :meth:`Analysis.on_frame` to :class:`~pipeline.runtime.SessionRuntime`
+session and hands :meth:`Analysis.on_frame` to :class:`~pipeline.supervisor.Supervisor`
 as its one frame callback. Video frames go to the video analyzers (stats, scene change,
 black, thumbnail), audio frames to the audio ones (stats, silence), and every frame to
 the configured frame processors (:mod:`pipeline.processor`) that want its kind. Every
@@ -29,7 +29,7 @@ emits its own ``stats`` at a codec or format change (``"kind"`` says which).
 Decode policy: with ``decode = "keyframes"`` (``settings.keyframes_only``) the decoder
 delivers one frame per GOP; ``fps``, ``bitrate_bps`` and ``keyframes`` still come from
 the encoded-frame counters of the intakes (:meth:`Analysis.bind` or
-:meth:`Analysis.bind_runtime`), so they describe the stream, not the decode policy.
+:meth:`Analysis.bind_supervisor`), so they describe the stream, not the decode policy.
 """
 
 from __future__ import annotations
@@ -50,9 +50,10 @@ from pipeline.analyzers.scene import SceneChange
 from pipeline.analyzers.silence import AudioSilence
 from pipeline.analyzers.thumbnail import Thumbnailer
 from pipeline.decoder import DecodeStats, FrameMeta
-from pipeline.intake import IntakeStats, Kind
+from pipeline.frame import Kind
+from pipeline.intake import IntakeStats
 from pipeline.processor import FrameProcessor, check_events, processor_kinds, processor_name
-from pipeline.runtime import SessionRuntime, Worker
+from pipeline.supervisor import Supervisor, Worker
 
 logger = logging.getLogger(__name__)
 
@@ -171,25 +172,25 @@ class Analysis:
             intake_stats=intake_stats, decode_stats=decode_stats, intake_counters=intake_counters
         )
 
-    def bind_runtime(self, runtime: SessionRuntime) -> None:
-        """:meth:`bind` every kind to ``runtime``'s workers (first worker of each kind).
+    def bind_supervisor(self, supervisor: Supervisor) -> None:
+        """:meth:`bind` every kind to ``supervisor``'s workers (first worker of each kind).
 
-        Lazy: call it right after constructing the runtime, before or after ``start``;
+        Lazy: call it right after constructing the supervisor, before or after ``start``;
         the workers are looked up when stats are read.
         """
 
         for kind in self.kinds:
             self.bind(
                 kind,
-                intake_stats=functools.partial(_intake_stats_of, runtime, kind),
-                decode_stats=functools.partial(_decode_stats_of, runtime, kind),
-                intake_counters=functools.partial(_intake_counters_of, runtime, kind),
+                intake_stats=functools.partial(_intake_stats_of, supervisor, kind),
+                decode_stats=functools.partial(_decode_stats_of, supervisor, kind),
+                intake_counters=functools.partial(_intake_counters_of, supervisor, kind),
             )
 
     # ------------------------------------------------------------ worker threads
 
     def on_frame(self, frame: av.VideoFrame | av.AudioFrame, meta: FrameMeta) -> None:
-        """The :class:`~pipeline.runtime.SessionRuntime` frame callback (module doc)."""
+        """The :class:`~pipeline.supervisor.Supervisor` frame callback (module doc)."""
         if isinstance(frame, av.VideoFrame):
             events = self._video(frame, meta)
         else:
@@ -269,26 +270,26 @@ class Analysis:
         return self.black.close() + self.silence.close()
 
 
-def _worker_of(runtime: SessionRuntime, kind: Kind) -> Worker | None:
-    for worker in runtime.workers:
+def _worker_of(supervisor: Supervisor, kind: Kind) -> Worker | None:
+    for worker in supervisor.workers:
         if worker.intake.kind == kind:
             return worker
     return None
 
 
-def _intake_stats_of(runtime: SessionRuntime, kind: Kind) -> IntakeStats | None:
-    worker = _worker_of(runtime, kind)
+def _intake_stats_of(supervisor: Supervisor, kind: Kind) -> IntakeStats | None:
+    worker = _worker_of(supervisor, kind)
     return worker.intake.stats() if worker is not None else None
 
 
-def _intake_counters_of(runtime: SessionRuntime, kind: Kind) -> tuple[int, int] | None:
-    worker = _worker_of(runtime, kind)
+def _intake_counters_of(supervisor: Supervisor, kind: Kind) -> tuple[int, int] | None:
+    worker = _worker_of(supervisor, kind)
     if worker is None:
         return None
     intake = worker.intake
     return intake.frames_in, intake.bytes_in
 
 
-def _decode_stats_of(runtime: SessionRuntime, kind: Kind) -> DecodeStats | None:
-    worker = _worker_of(runtime, kind)
+def _decode_stats_of(supervisor: Supervisor, kind: Kind) -> DecodeStats | None:
+    worker = _worker_of(supervisor, kind)
     return worker.stats if worker is not None else None

@@ -1,7 +1,7 @@
 """The decode worker: one track's :class:`~pipeline.intake.FrameIntake` -> PyAV frames.
 
 :func:`decoder_worker` is a plain function run on its own named thread (by
-:class:`pipeline.runtime.SessionRuntime`, ``decode-<kind>-<session>``). It takes frames
+:class:`pipeline.supervisor.Supervisor`, ``decode-<kind>-<session>``). It takes frames
 from the intake until end of stream, decodes them with ``av.CodecContext`` and hands each
 decoded frame to an optional ``on_frame(frame, meta)`` callback on the same thread (the
 analyzers come later). Bad media is counted, never raised: an ``av.FFmpegError``
@@ -26,7 +26,8 @@ from dataclasses import dataclass
 
 import av
 
-from pipeline.intake import EncodedFrame, FrameIntake, Kind
+from pipeline.frame import EncodedFrame, Kind
+from pipeline.intake import FrameIntake
 
 logger = logging.getLogger(__name__)
 

@@ -40,7 +40,7 @@ import av
 
 from pipeline.decoder import FrameMeta
 from pipeline.errors import PipelineError
-from pipeline.intake import Kind
+from pipeline.frame import Kind
 from registry.events import EventType
 
 MAX_EVENT_DATA_BYTES = 16 * 1024

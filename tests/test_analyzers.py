@@ -33,7 +33,8 @@ from pipeline.analyzers.base import Episode
 from pipeline.analyzers.silence import MIN_DBFS
 from pipeline.analyzers.thumbnail import thumbnail_size
 from pipeline.decoder import DecodeStats, FrameMeta
-from pipeline.intake import EncodedFrame, FrameIntake
+from pipeline.frame import EncodedFrame
+from pipeline.intake import FrameIntake
 
 FPS = 30
 VIDEO_CLOCK = 90000

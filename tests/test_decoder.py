@@ -2,7 +2,7 @@
 
 The encoded samples are produced in-process by libx264, libvpx and libopus, and the
 helpers here (no ``test_`` prefix) are shared with ``test_intake.py`` and
-``test_pipeline_runtime.py``.
+``test_supervisor.py``.
 """
 
 from __future__ import annotations

@@ -34,14 +34,8 @@ from aiortc.rtp import RtpPacket
 from prometheus_client.parser import text_string_to_metric_families
 
 from pipeline.decoder import DecodeStats
-from pipeline.intake import EncodedFrame, FrameIntake, remote_media_ssrcs
-from pipeline.rtp_guard import (
-    MAX_SSRCS,
-    SRTP_MAX_DATAGRAM,
-    BoundedNackGenerator,
-    RtpGuard,
-    guards_of,
-)
+from pipeline.frame import EncodedFrame
+from pipeline.intake import FrameIntake
 from registry.events import Event
 from registry.timeline import Timeline
 from tests.support.hostile_rtp import HostilePublisher, RtpStream, h264_frames
@@ -49,6 +43,14 @@ from tests.support.peers import AiortcPublisher
 from tests.support.servers import normal_push, wait_for_type
 from whip.app import TIMELINE_KEY
 from whip.routes_whip import SESSIONS_KEY
+from whip.rtc.pli import remote_media_ssrcs
+from whip.rtc.rtp_guard import (
+    MAX_SSRCS,
+    SRTP_MAX_DATAGRAM,
+    BoundedNackGenerator,
+    RtpGuard,
+    guards_of,
+)
 from whip.session import WhipSession
 from whip.sessions import SessionManager
 
@@ -285,7 +287,7 @@ async def test_garbage_payloads_are_counted_and_decoding_recovers(server: TestSe
     # Random bytes: what aiortc's depayloader rejects is "malformed". They go on a second
     # SSRC (same payload type, same receiver) with its own sequence numbers, so that they
     # leave no hole in the first one's: a hole would stall aiortc's video for 512 packets
-    # (pipeline/rtp_guard.py).
+    # (whip/rtc/rtp_guard.py).
     noise = [rng.randbytes(rng.randrange(1, 1200)) for _ in range(120)]
     rejected = sum(_rejected_by_aiortc(p) for p in noise)
     assert 15 <= rejected <= 60  # about 7/32 of the NAL types, plus truncated STAP-A

@@ -2,7 +2,7 @@
 
 Plug-in modules are written to a temporary directory put on ``sys.path`` for the test
 session. The end-to-end tests feed a fixture clip's real encoded frames (H.264 as
-Annex-B, Opus) through real intakes and a real :class:`SessionRuntime`, so the decode
+Annex-B, Opus) through real intakes and a real :class:`Supervisor`, so the decode
 workers call :meth:`Analysis.on_frame` exactly as in a live session.
 """
 
@@ -24,7 +24,8 @@ from pipeline.analysis import Analysis, AnalysisSettings
 from pipeline.decoder import FrameMeta
 from pipeline.errors import PipelineError
 from pipeline.examples.motion import MotionDetector
-from pipeline.intake import EncodedFrame, FrameIntake
+from pipeline.frame import EncodedFrame
+from pipeline.intake import FrameIntake
 from pipeline.keyframes import is_keyframe
 from pipeline.processor import (
     MAX_EVENT_DATA_BYTES,
@@ -33,7 +34,7 @@ from pipeline.processor import (
     check_events,
     load_processor,
 )
-from pipeline.runtime import SessionRuntime
+from pipeline.supervisor import Supervisor
 from tests.test_analyzers import audio_frames, clip_paths, meta_at, still, video_frames
 
 PLUGINS = "whip_test_plugins"
@@ -427,7 +428,7 @@ Faults = list[tuple[str, BaseException]]
 
 async def _run(
     analysis: Analysis, clip: Path, *, keyframes_only: bool = False
-) -> tuple[SessionRuntime, Faults]:
+) -> tuple[Supervisor, Faults]:
     """Decode ``clip`` through a real runtime into ``analysis``; the faults reported.
 
     The intakes are filled and closed (drained) before the workers start, so the
@@ -437,14 +438,14 @@ async def _run(
     def on_fault(stage: str, exc: BaseException) -> None:
         faults.append((stage, exc))
 
-    runtime = SessionRuntime(
+    runtime = Supervisor(
         "s_test",
         loop=asyncio.get_running_loop(),
         on_fault=on_fault,
         on_frame=analysis.on_frame,
         keyframes_only=keyframes_only,
     )
-    analysis.bind_runtime(runtime)
+    analysis.bind_supervisor(runtime)
     video, audio = encoded_frames(clip)
     intakes = [
         FrameIntake("video", depth=512, payload_limit=1 << 20),

@@ -495,7 +495,7 @@ async def final_restart(state: LoopState) -> float:
 
 
 def restrict_ice_to_loopback() -> None:
-    from whip.rtc_hooks import restrict_host_addresses
+    from whip.rtc.host_addresses import restrict_host_addresses
 
     restrict_host_addresses(["127.0.0.1"])
 

@@ -3,7 +3,7 @@
 In DTLS 1.2 the cipher suite authenticates the DTLS *server's* certificate. When the
 ingest is the DTLS client (it answers ``a=setup:active``) and the publisher holds an RSA
 key, the ingest must offer ECDHE-RSA suites; stock aiortc offers ECDHE-ECDSA only, which
-is what :class:`whip.rtc_hooks.WideCipherCertificate` fixes. When the ingest is the DTLS
+is what :class:`whip.rtc.certificate.WideCipherCertificate` fixes. When the ingest is the DTLS
 server (it answers ``a=setup:passive``), its own ECDSA certificate picks the suite and the
 publisher's RSA certificate only signs CertificateVerify.
 
@@ -33,7 +33,7 @@ from tests.support.peers import AiortcPublisher
 from tests.support.servers import wait_for_type
 from whip.app import TIMELINE_KEY
 from whip.routes_whip import SESSIONS_KEY
-from whip.rtc_hooks import WideCipherCertificate, use_wide_certificate
+from whip.rtc.certificate import WideCipherCertificate, use_wide_certificate
 from whip.session import WhipSession
 from whip.sessions import SessionManager
 

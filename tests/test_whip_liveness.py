@@ -1,7 +1,7 @@
 """Peer liveness and shutdown, end to end over loopback UDP (docs/INTEROP.md 2).
 
 - FFmpeg's WHIP muxer never answers ICE consent checks, so stock aioice drops it ~33 s
-  after connecting; media-or-consent liveness (:func:`whip.rtc_hooks.install_media_liveness`)
+  after connecting; media-or-consent liveness (:func:`whip.rtc.liveness.install_media_liveness`)
   must keep a long push up until the publisher's own DELETE.
 - A publisher process killed with SIGKILL says nothing: the session must be reclaimed as
   ``peer_gone`` within ``reclaim_after_s`` (+ slack) and every counter returned.
@@ -32,7 +32,7 @@ from tests.support.peers import AiortcPublisher, ffmpeg_whip_push
 from tests.support.servers import serve_argv, wait_for_type
 from whip.app import TIMELINE_KEY
 from whip.routes_whip import SESSIONS_KEY
-from whip.rtc_hooks import restrict_host_addresses
+from whip.rtc.host_addresses import restrict_host_addresses
 from whip.session import WhipSession
 from whip.sessions import SessionManager
 

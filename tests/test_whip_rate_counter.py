@@ -1,6 +1,6 @@
 """The compact bitrate counter answers exactly like aiortc's own.
 
-:class:`whip.rtc_hooks.CompactRateCounter` replaces aiortc's ``RateCounter`` in every
+:class:`whip.rtc.rate_counter.CompactRateCounter` replaces aiortc's ``RateCounter`` in every
 receive-side bitrate estimator (fewer objects for the garbage collector to scan). Both run
 side by side over the same calls: random arrivals, gaps shorter and longer than the
 window, arrivals out of order, resets.
@@ -15,8 +15,8 @@ import aiortc.rate
 import pytest
 from aiortc.rate import RemoteBitrateEstimator
 
-from whip.aiortc_compat import check_internals
-from whip.rtc_hooks import CompactRateCounter, compact_rate_counters
+from whip.rtc.compat import check_internals
+from whip.rtc.rate_counter import CompactRateCounter, compact_rate_counters
 
 
 def original_class() -> type[aiortc.rate.RateCounter]:

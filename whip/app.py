@@ -1,6 +1,6 @@
 """The aiohttp application: state keys, startup and cleanup, routes.
 
-Startup order: the process-wide aiortc hook of :func:`whip.rtc_hooks.compact_rate_counters`,
+Startup order: the process-wide aiortc hook of :func:`whip.rtc.rate_counter.compact_rate_counters`,
 open the timeline (recovery, off the loop), the session manager, then the GC policy of
 :mod:`whip.gcpolicy` (``server.gc_young_threshold``, ``server.gc_freeze``). Cleanup runs
 in reverse: the heap is unfrozen and the threshold restored, live sessions are closed
@@ -25,7 +25,8 @@ from whip.middleware import error_middleware
 from whip.ratelimit import LIMITER_KEY, RequestLimiter
 from whip.routes_api import add_api_routes
 from whip.routes_whip import AUTH_KEY, SESSIONS_KEY, add_routes
-from whip.rtc_hooks import compact_rate_counters
+from whip.rtc.compat import check_internals
+from whip.rtc.rate_counter import compact_rate_counters
 from whip.sessions import SessionManager
 
 logger = logging.getLogger(__name__)
@@ -100,12 +101,16 @@ async def _lifecycle(app: web.Application) -> AsyncIterator[None]:
 def create_app(config: Config) -> web.Application:
     """Build the application; nothing is opened until it starts.
 
+    Raises :class:`whip.rtc.compat.IncompatibleAiortcError` first when the installed
+    aiortc stack is not the one the adapter was verified against (or an internal moved).
+
     Connection limits (``handler_args``): the request line and each header field are
     capped at ``limits.max_header_bytes`` (aiohttp itself answers 400, plain text, before
     any middleware runs); ``limits.keepalive_timeout_s`` closes idle connections and
     connections that trickle their headers. Rate limits and the body deadline:
     :mod:`whip.ratelimit`.
     """
+    check_internals()
     limits = config.limits
     handler_args = {
         "max_line_size": limits.max_header_bytes,

@@ -11,14 +11,13 @@ from pathlib import Path
 from aiohttp import web
 
 from pipeline.errors import PipelineError
-from pipeline.intake import check_tap_internals
 from pipeline.processor import load_processor
-from whip.aiortc_compat import IncompatibleAiortcError, check_internals
 from whip.app import create_app
 from whip.cli_client import add_client_commands, run_client
 from whip.config import Config, ConfigError, is_loopback, load_config
 from whip.eventloop import new_event_loop
-from whip.rtc_hooks import local_addresses, restrict_host_addresses
+from whip.rtc.compat import IncompatibleAiortcError
+from whip.rtc.host_addresses import local_addresses, restrict_host_addresses
 
 logger = logging.getLogger(__name__)
 
@@ -84,10 +83,9 @@ def main(argv: list[str] | None = None) -> int:
     )
     try:
         config = load_config(config_path, os.environ, overrides)
-        check_internals()
-        check_tap_internals()
         for spec in config.pipeline.processors:
             load_processor(spec)  # a bad spec fails here, not in the first session
+        app = create_app(config)  # checks the aiortc adapter's internals
     except (ConfigError, IncompatibleAiortcError, PipelineError) as exc:
         logger.error("cannot start: %s", exc)
         return 2
@@ -97,7 +95,6 @@ def main(argv: list[str] | None = None) -> int:
             "caller is principal 'anonymous' with operator rights"
         )
     configure_ice(config)
-    app = create_app(config)
     host, port = config.server.host, config.server.port
     loop = new_event_loop(config.server.event_loop)
     logger.info(

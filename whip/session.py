@@ -16,9 +16,9 @@ from typing import Any
 
 from pipeline.analysis import Analysis
 from pipeline.intake import FrameIntake
-from pipeline.runtime import SessionRuntime
+from pipeline.supervisor import Supervisor
 from whip.admission import MediaPermit
-from whip.rtc_hooks import Liveness
+from whip.rtc.liveness import Liveness
 
 
 class CloseReason(StrEnum):
@@ -46,7 +46,7 @@ class WhipSession:
     posted_at: float
     liveness: Liveness | None = None
     intakes: list[FrameIntake] = field(default_factory=list)
-    runtime: SessionRuntime | None = None
+    runtime: Supervisor | None = None
     analysis: Analysis | None = None
     connected: bool = False
     reclaimer: asyncio.Task[None] | None = None

@@ -11,7 +11,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 
-from pipeline.rtp_guard import RtpGuard, discarded_by_reason
+from whip.rtc.rtp_guard import RtpGuard, discarded_by_reason
 from whip.session import WhipSession
 
 
@@ -39,7 +39,7 @@ class SessionStats:
     tracks: dict[str, dict[str, object]] = field(default_factory=dict)
     rtp_discarded: dict[str, int] = field(default_factory=RtpGuard.no_counts)
     """Datagrams and RTP packets that never reached a frame, by reason
-    (:class:`pipeline.rtp_guard.RtpGuard`)."""
+    (:class:`whip.rtc.rtp_guard.RtpGuard`)."""
 
     def frames_decoded(self) -> int:
         """Decoded frames over all tracks."""

@@ -49,10 +49,9 @@ from aiortc.sdp import candidate_from_sdp
 
 from pipeline.analysis import Analysis, AnalysisSettings, Emit
 from pipeline.errors import PipelineError
-from pipeline.intake import FrameIntake, install_tap, schedule_pli
+from pipeline.intake import FrameIntake
 from pipeline.processor import load_processor
-from pipeline.rtp_guard import RtpGuard
-from pipeline.runtime import SessionRuntime
+from pipeline.supervisor import Supervisor
 from registry.deletion import DeleteResult
 from registry.errors import RegistryError
 from registry.events import EventType, NewEvent
@@ -61,13 +60,13 @@ from registry.timeline import Timeline
 from whip.admission import MediaBudget, StreamSlots
 from whip.config import Config
 from whip.errors import HttpError
-from whip.rtc_hooks import (
-    Liveness,
-    install_dtls_kick,
-    install_media_liveness,
-    restrict_codecs,
-    use_wide_certificate,
-)
+from whip.rtc.certificate import use_wide_certificate
+from whip.rtc.dtls_kick import install_dtls_kick
+from whip.rtc.liveness import Liveness, install_media_liveness
+from whip.rtc.pli import schedule_pli
+from whip.rtc.rtp_guard import RtpGuard
+from whip.rtc.tap import install_tap
+from whip.rtc.transceiver_codecs import restrict_codecs
 from whip.sdp import OfferSummary, UnprocessableOfferError, finalize_answer
 from whip.session import CloseReason, WhipSession
 from whip.session_stats import session_stats
@@ -194,7 +193,7 @@ class SessionManager:
         """Counters of closed sessions (live ones are added at scrape time)."""
         self.rtp_discarded: dict[str, int] = RtpGuard.no_counts()
         """Of closed sessions: datagrams and RTP packets that never reached a frame, by
-        reason (:class:`pipeline.rtp_guard.RtpGuard`; live ones added at scrape time)."""
+        reason (:class:`whip.rtc.rtp_guard.RtpGuard`; live ones added at scrape time)."""
         self.post_latency = Histogram(LATENCY_S)
         self.first_frame_latency = Histogram(LATENCY_S)
 
@@ -397,7 +396,7 @@ class SessionManager:
             posted_at=session.posted_at,
         )
         session.analysis = analysis
-        session.runtime = SessionRuntime(
+        session.runtime = Supervisor(
             session.session_id,
             loop=asyncio.get_running_loop(),
             on_fault=lambda stage, exc: self._report_fault(session, stage, exc),
@@ -407,7 +406,7 @@ class SessionManager:
             max_pixels=pipeline.max_pixels,
             max_workers=session.permit.threads,
         )
-        analysis.bind_runtime(session.runtime)
+        analysis.bind_supervisor(session.runtime)
         try:
             session.runtime.start(wiring.intakes)
         except Exception as exc:

@@ -44,7 +44,8 @@ import av
 
 from pipeline.analyzers.base import Event
 from pipeline.decoder import DecodeStats, FrameMeta
-from pipeline.intake import IntakeStats, Kind
+from pipeline.frame import Kind
+from pipeline.intake import IntakeStats
 
 IntakeCounters = Callable[[], tuple[int, int] | None]
 """``() -> (frames_in, bytes_in)`` of the track's intake, or None (no intake yet)."""

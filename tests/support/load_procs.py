@@ -49,7 +49,7 @@ def write_json(path: Path, value: object) -> None:
 
 async def hold_offers(count: int, out: Path) -> int:
     from tests.support.peers import AiortcPublisher
-    from whip.rtc_hooks import restrict_host_addresses
+    from whip.rtc.host_addresses import restrict_host_addresses
 
     restrict_host_addresses(["127.0.0.1"])
     publishers = [AiortcPublisher() for _ in range(count)]

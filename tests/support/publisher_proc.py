@@ -37,7 +37,7 @@ async def aiortc_publish(url: str, seconds: float) -> int:
     import aiohttp
 
     from tests.support.peers import AiortcPublisher
-    from whip.rtc_hooks import restrict_host_addresses
+    from whip.rtc.host_addresses import restrict_host_addresses
 
     restrict_host_addresses(["127.0.0.1"])
     publisher = AiortcPublisher()

@@ -1,31 +1,31 @@
 """One session's worker generation: start, fault reporting, stop with a join deadline.
 
-ARCHITECTURE.md "Flow of one push", step 4. A :class:`SessionRuntime` owns the decode
+ARCHITECTURE.md "Flow of one push", step 4. A :class:`Supervisor` owns the decode
 worker threads of one session, one per track (``decode-video-<session>``,
 ``decode-audio-<session>``; the thread name is its *stage* plus the session label):
 
-- :meth:`SessionRuntime.start` starts them all or none: if a thread fails to start, the
+- :meth:`Supervisor.start` starts them all or none: if a thread fails to start, the
   ones already running are stopped (their intakes closed) and joined within
   ``start_join_s``, and the original exception is re-raised.
 - The first worker that ends with an exception before a stop was requested is a
   *fault*: ``on_fault(stage, exc)`` runs once, on the event loop thread (posted with
-  ``call_soon_threadsafe``). The owner closes the peer and stops the runtime; the
+  ``call_soon_threadsafe``). The owner closes the peer and stops the supervisor; the
   siblings are not stopped here. Exceptions raised after a stop was requested, and any
-  later ones, are logged and kept in :attr:`SessionRuntime.faults` only.
-- :meth:`SessionRuntime.stop` (blocking, for threads and tests) or
-  :meth:`SessionRuntime.stop_async` (on the loop, never blocks it) closes every intake
+  later ones, are logged and kept in :attr:`Supervisor.faults` only.
+- :meth:`Supervisor.stop` (blocking, for threads and tests) or
+  :meth:`Supervisor.stop_async` (on the loop, never blocks it) closes every intake
   (queued frames discarded, or first drained for a bounded time on a clean end),
   waits for the workers up to a deadline and returns the names of those that missed
   it. Those threads are left running detached (daemon
   threads: they cannot hold up process exit); the caller keeps their media permit
-  (forced shutdown) and can read :attr:`SessionRuntime.detached` later.
+  (forced shutdown) and can read :attr:`Supervisor.detached` later.
 
 State machine (data, h11 style): NEW -> RUNNING -> STOPPED, NEW -> STOPPED. STOPPED is
 absorbing; :meth:`start` is allowed only in NEW, stopping is idempotent in any state.
 
-Ownership and locks: the runtime is created and driven by the session's owner on the
+Ownership and locks: the supervisor is created and driven by the session's owner on the
 event loop thread; its worker threads only touch their own :class:`Worker` record and
-call back through :meth:`SessionRuntime._worker_exited`. ``SessionRuntime._lock`` guards
+call back through :meth:`Supervisor._worker_exited`. ``Supervisor._lock`` guards
 the state, the fault claim and :attr:`faults`; it is a leaf: no intake method, callback
 or join runs while it is held. Each :class:`~pipeline.intake.FrameIntake` has its own
 leaf lock.
@@ -42,7 +42,7 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 
 from pipeline.decoder import DecodeStats, FrameCallback, decoder_worker
-from pipeline.errors import RuntimeStateError
+from pipeline.errors import SupervisorStateError
 from pipeline.intake import FrameIntake
 
 logger = logging.getLogger(__name__)
@@ -51,16 +51,16 @@ START_JOIN_S = 1.0
 """Default bounded join for the workers of a start that failed half-way."""
 
 
-class RuntimeState(StrEnum):
+class SupervisorState(StrEnum):
     NEW = "new"
     RUNNING = "running"
     STOPPED = "stopped"
 
 
-_TRANSITIONS: dict[RuntimeState, frozenset[RuntimeState]] = {
-    RuntimeState.NEW: frozenset({RuntimeState.RUNNING, RuntimeState.STOPPED}),
-    RuntimeState.RUNNING: frozenset({RuntimeState.STOPPED}),
-    RuntimeState.STOPPED: frozenset(),
+_TRANSITIONS: dict[SupervisorState, frozenset[SupervisorState]] = {
+    SupervisorState.NEW: frozenset({SupervisorState.RUNNING, SupervisorState.STOPPED}),
+    SupervisorState.RUNNING: frozenset({SupervisorState.STOPPED}),
+    SupervisorState.STOPPED: frozenset(),
 }
 
 
@@ -98,7 +98,7 @@ def supervised_worker(
         exited(worker)
 
 
-class SessionRuntime:
+class Supervisor:
     """The worker generation of one session (module doc)."""
 
     def __init__(
@@ -124,7 +124,7 @@ class SessionRuntime:
         self._max_workers = max_workers
         self._start_join_s = start_join_s
         self._lock = threading.Lock()
-        self._state = RuntimeState.NEW
+        self._state = SupervisorState.NEW
         self._stop_requested = False
         self._fault_claimed = False
         self._workers: tuple[Worker, ...] = ()
@@ -132,18 +132,20 @@ class SessionRuntime:
         self._all_exited = asyncio.Event()
         self.faults: list[tuple[str, BaseException]] = []
         """Every worker exception, in order (the first one before a stop is the fault)."""
-        self.state_history: list[RuntimeState] = [RuntimeState.NEW]
+        self.state_history: list[SupervisorState] = [SupervisorState.NEW]
 
     # ------------------------------------------------------------ state
 
     @property
-    def state(self) -> RuntimeState:
+    def state(self) -> SupervisorState:
         return self._state
 
-    def _move_locked(self, new: RuntimeState) -> None:
+    def _move_locked(self, new: SupervisorState) -> None:
         if new not in _TRANSITIONS[self._state]:
-            raise RuntimeStateError(f"runtime {self.session}: {self._state} -> {new} not allowed")
-        logger.debug("runtime %s: %s -> %s", self.session, self._state, new)
+            raise SupervisorStateError(
+                f"supervisor {self.session}: {self._state} -> {new} not allowed"
+            )
+        logger.debug("supervisor %s: %s -> %s", self.session, self._state, new)
         self._state = new
         self.state_history.append(new)
 
@@ -167,7 +169,7 @@ class SessionRuntime:
     def start(self, intakes: Iterable[FrameIntake]) -> None:
         """Start one worker thread per intake (module doc: all or none).
 
-        Call on the event loop thread. Raises :class:`RuntimeStateError` unless NEW,
+        Call on the event loop thread. Raises :class:`SupervisorStateError` unless NEW,
         ``ValueError`` for more intakes than ``max_workers`` (before starting anything),
         and re-raises a thread start failure after stopping what started (bounded by
         ``start_join_s``, so it may block that long; threads that miss it are in
@@ -176,7 +178,7 @@ class SessionRuntime:
         intakes = list(intakes)
         if self._max_workers is not None and len(intakes) > self._max_workers:
             raise ValueError(
-                f"runtime {self.session}: {len(intakes)} tracks need {len(intakes)} workers, "
+                f"supervisor {self.session}: {len(intakes)} tracks need {len(intakes)} workers, "
                 f"the permit has {self._max_workers}"
             )
         workers: list[Worker] = []
@@ -195,7 +197,7 @@ class SessionRuntime:
                 )
             )
         with self._lock:
-            self._move_locked(RuntimeState.RUNNING)
+            self._move_locked(SupervisorState.RUNNING)
             self._workers = tuple(workers)
         started: list[Worker] = []
         try:
@@ -209,12 +211,14 @@ class SessionRuntime:
                 worker.thread.start()
                 started.append(worker)
         except BaseException:
-            logger.exception("runtime %s: worker start failed; stopping the others", self.session)
+            logger.exception(
+                "supervisor %s: worker start failed; stopping the others", self.session
+            )
             with self._lock:
                 self._workers = tuple(started)
             self.stop(self._start_join_s)
             raise
-        logger.info("runtime %s: started %s", self.session, ", ".join(w.name for w in workers))
+        logger.info("supervisor %s: started %s", self.session, ", ".join(w.name for w in workers))
 
     def _body(self, worker: Worker) -> Callable[[], None]:
         def run() -> None:
@@ -241,14 +245,14 @@ class SessionRuntime:
                     self._fault_claimed = deliver = True
                 stopping = self._stop_requested
             logger.error(
-                "runtime %s: %s failed%s",
+                "supervisor %s: %s failed%s",
                 self.session,
                 worker.name,
                 " during stop" if stopping else "",
                 exc_info=worker.error,
             )
         else:
-            logger.info("runtime %s: %s ended", self.session, worker.name)
+            logger.info("supervisor %s: %s ended", self.session, worker.name)
         if deliver:
             assert worker.error is not None
             self._post(self._deliver_fault, worker.stage, worker.error)
@@ -258,7 +262,7 @@ class SessionRuntime:
         try:
             self._loop.call_soon_threadsafe(callback, *args)
         except RuntimeError:  # the loop is closed: nobody is left to tell
-            logger.warning("runtime %s: loop closed; %s not delivered", self.session, callback)
+            logger.warning("supervisor %s: loop closed; %s not delivered", self.session, callback)
 
     def _deliver_fault(self, stage: str, exc: BaseException) -> None:
         if self._on_fault is None:
@@ -266,7 +270,7 @@ class SessionRuntime:
         try:
             self._on_fault(stage, exc)
         except Exception:
-            logger.exception("runtime %s: on_fault failed", self.session)
+            logger.exception("supervisor %s: on_fault failed", self.session)
 
     def _count_exit(self) -> None:
         self._exited_count += 1
@@ -278,8 +282,8 @@ class SessionRuntime:
     def _request_stop(self, *, drain: bool = False) -> tuple[Worker, ...]:
         with self._lock:
             self._stop_requested = True
-            if self._state is not RuntimeState.STOPPED:
-                self._move_locked(RuntimeState.STOPPED)
+            if self._state is not SupervisorState.STOPPED:
+                self._move_locked(SupervisorState.STOPPED)
             workers = self._workers
         for worker in workers:
             worker.intake.close(drain=drain)
@@ -289,7 +293,7 @@ class SessionRuntime:
         missed = [w.name for w in workers if not w.done.is_set()]
         if missed:
             logger.warning(
-                "runtime %s: forced shutdown: %s missed the join deadline",
+                "supervisor %s: forced shutdown: %s missed the join deadline",
                 self.session,
                 ", ".join(missed),
             )
@@ -317,7 +321,7 @@ class SessionRuntime:
         ``deadline_s``, not added to it, so a worker that misses the deadline is reported
         at the same moment either way.
 
-        Call on the runtime's loop. Cancellation: the stop itself (intakes closed) has
+        Call on the supervisor's loop. Cancellation: the stop itself (intakes closed) has
         already happened; only the wait is abandoned.
         """
         deadline = self._loop.time() + deadline_s

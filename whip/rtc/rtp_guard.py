@@ -3,7 +3,7 @@
 aiortc's receive path has a few answers to bad input that an ingest server cannot
 accept, and it drops several kinds of packet without counting them. :func:`guard_receiver`
 fixes both for one receiver and its DTLS transport (the transport part once per
-transport; with BUNDLE that is one per session). :func:`pipeline.intake.install_tap`
+transport; with BUNDLE that is one per session). :func:`whip.rtc.tap.install_tap`
 calls it for every tapped receiver, so every server-side receiver is guarded before it
 connects. All of it runs on the event loop thread; the counters are plain ints
 (:class:`RtpGuard`), read from any thread.
@@ -42,7 +42,7 @@ packet cost 14 ms of event loop per packet (measured): some 70 packets a second 
 the whole server. :class:`BoundedNackGenerator` skips the part that would be thrown
 away: same missing set, same answers, at most 128 steps.
 
-aiortc private names touched (:func:`guard_problems` verifies each; the tap's start-up
+aiortc private names touched (:func:`internals_problems` verifies each; the one start-up
 check includes it):
 
 - ``RTCIceTransport._recv`` (instance attribute, shadowed) and
@@ -58,7 +58,6 @@ check includes it):
 
 from __future__ import annotations
 
-import functools
 import inspect
 import logging
 from collections.abc import Iterable
@@ -140,8 +139,8 @@ def guard_receiver(receiver: Any) -> RtpGuard:
 
     Idempotent per transport and per receiver; returns the transport's counters. Call on
     the event loop thread after ``setRemoteDescription`` (BUNDLE has picked the transport).
-    It checks nothing itself: :func:`pipeline.intake.install_tap`, its caller, first runs
-    ``check_tap_internals`` (which includes :func:`guard_problems`).
+    It checks nothing itself: the app checks every internal once, at creation
+    (:func:`whip.rtc.compat.check_internals`); :func:`whip.rtc.tap.install_tap` calls it.
     """
     transport = receiver.transport
     guard: RtpGuard | None = getattr(transport, _MARK, None)
@@ -244,9 +243,8 @@ def _count_malformed(receiver: Any, guard: RtpGuard) -> None:
     receiver._handle_rtp_packet = handle_rtp_packet
 
 
-@functools.cache
-def guard_problems() -> tuple[str, ...]:
-    """The aiortc internals this module relies on that moved (empty when none did)."""
+def internals_problems() -> list[str]:
+    """What this module relies on that moved (:func:`whip.rtc.compat.check_internals`)."""
     problems: list[str] = []
 
     def need(ok: bool, what: str) -> None:
@@ -294,4 +292,4 @@ def guard_problems() -> tuple[str, ...]:
         need(needle in handle, f"RTCRtpReceiver._handle_rtp_packet: {needle}")
     nack = source(NackGenerator.add)
     need("self.truncate()" in nack and "self.missing.add(seq)" in nack, "NackGenerator.add")
-    return tuple(problems)
+    return problems

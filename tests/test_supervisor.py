@@ -1,4 +1,4 @@
-"""SessionRuntime: the worker generation of one session, on real encoded media.
+"""Supervisor: the worker generation of one session, on real encoded media.
 
 Frames come from PyAV's libx264/libopus encoders (``tests/test_decoder.py`` helpers) and
 go through the production FrameIntake and decoder_worker; slow or failing analyzers are
@@ -12,9 +12,9 @@ import threading
 
 import pytest
 
-from pipeline.errors import RuntimeStateError
+from pipeline.errors import SupervisorStateError
 from pipeline.intake import FrameIntake
-from pipeline.runtime import RuntimeState, SessionRuntime
+from pipeline.supervisor import Supervisor, SupervisorState
 from tests.test_decoder import (
     FRAMES,
     H264,
@@ -53,7 +53,7 @@ async def test_frames_fed_on_the_loop_decode_in_a_named_stage_thread() -> None:
     loop = asyncio.get_running_loop()
     recorder = Recorder()
     faults = Faults()
-    runtime = SessionRuntime("s1", loop=loop, on_fault=faults, on_frame=recorder)
+    runtime = Supervisor("s1", loop=loop, on_fault=faults, on_frame=recorder)
     intake = _video()
     runtime.start([intake])
     assert [w.name for w in runtime.workers] == ["decode-video-s1"]
@@ -69,7 +69,11 @@ async def test_frames_fed_on_the_loop_decode_in_a_named_stage_thread() -> None:
         WIDTH,
         HEIGHT,
     )
-    assert runtime.state_history == [RuntimeState.NEW, RuntimeState.RUNNING, RuntimeState.STOPPED]
+    assert runtime.state_history == [
+        SupervisorState.NEW,
+        SupervisorState.RUNNING,
+        SupervisorState.STOPPED,
+    ]
     assert faults.calls == [] and runtime.faults == [] and runtime.detached == []
 
 
@@ -79,7 +83,7 @@ async def test_a_slow_consumer_drops_to_a_keyframe_and_resumes_cleanly() -> None
     recorder = Recorder(block=True)  # the analyzer stalls on the first frame
     requests: list[int] = []
     intake = _video(depth=4, on_need_keyframe=lambda: requests.append(intake.frames_in))
-    runtime = SessionRuntime("s2", loop=loop, on_frame=recorder)
+    runtime = Supervisor("s2", loop=loop, on_frame=recorder)
     runtime.start([intake])
     intake.offer(H264, jitter(frames[0], 0))
     assert await asyncio.to_thread(recorder.entered.wait, 5)  # the worker holds frame 0
@@ -114,7 +118,7 @@ async def test_the_first_worker_failure_is_reported_once_with_its_stage() -> Non
     loop = asyncio.get_running_loop()
     faults = Faults()
     recorder = Recorder(raise_on=3)  # every track's analyzer fails on its 4th frame
-    runtime = SessionRuntime("s3", loop=loop, on_fault=faults, on_frame=recorder)
+    runtime = Supervisor("s3", loop=loop, on_fault=faults, on_frame=recorder)
     video = _video()
     audio = FrameIntake("audio", depth=64, payload_limit=4096)
     runtime.start([video, audio])
@@ -141,7 +145,7 @@ async def test_an_exception_after_stop_is_recorded_but_not_a_fault() -> None:
     loop = asyncio.get_running_loop()
     faults = Faults()
     recorder = Recorder(block=True, raise_on=0)
-    runtime = SessionRuntime("s4", loop=loop, on_fault=faults, on_frame=recorder)
+    runtime = Supervisor("s4", loop=loop, on_fault=faults, on_frame=recorder)
     intake = _video()
     runtime.start([intake])
     intake.offer(H264, jitter(h264_frames()[0], 0))
@@ -155,7 +159,7 @@ async def test_an_exception_after_stop_is_recorded_but_not_a_fault() -> None:
 async def test_a_worker_that_hangs_past_the_deadline_is_reported() -> None:
     loop = asyncio.get_running_loop()
     recorder = Recorder(block=True)
-    runtime = SessionRuntime("s5", loop=loop, on_frame=recorder)
+    runtime = Supervisor("s5", loop=loop, on_frame=recorder)
     intake = _video()
     runtime.start([intake])
     for index, data in enumerate(h264_frames()[:8]):
@@ -165,7 +169,7 @@ async def test_a_worker_that_hangs_past_the_deadline_is_reported() -> None:
     assert await runtime.stop_async(0.2) == ["decode-video-s5"]
     assert 0.15 < loop.time() - started < 1.5
     assert runtime.detached == ["decode-video-s5"]
-    assert runtime.state is RuntimeState.STOPPED
+    assert runtime.state is SupervisorState.STOPPED
     assert intake.depth == 0 and intake.dropped_frames == 7  # queued frames discarded
     # The blocking flavour, from a thread, says the same.
     assert await asyncio.to_thread(runtime.stop, 0.1) == ["decode-video-s5"]
@@ -182,7 +186,7 @@ async def test_a_draining_stop_decodes_every_queued_frame() -> None:
     every frame; nothing is dropped."""
     loop = asyncio.get_running_loop()
     recorder = Recorder(block=True)
-    runtime = SessionRuntime("s8", loop=loop, on_frame=recorder)
+    runtime = Supervisor("s8", loop=loop, on_frame=recorder)
     intake = _video()
     runtime.start([intake])
     for index, data in enumerate(h264_frames()):
@@ -202,7 +206,7 @@ async def test_a_drain_that_runs_out_discards_the_rest_without_a_forced_shutdown
     as dropped) and a worker that then exits in time is not a forced shutdown."""
     loop = asyncio.get_running_loop()
     recorder = Recorder(block=True)
-    runtime = SessionRuntime("s9", loop=loop, on_frame=recorder)
+    runtime = Supervisor("s9", loop=loop, on_frame=recorder)
     intake = _video()
     runtime.start([intake])
     for index, data in enumerate(h264_frames()[:8]):
@@ -229,7 +233,7 @@ async def test_a_partial_start_stops_what_started_and_re_raises(
 
     monkeypatch.setattr(threading.Thread, "start", start)
     faults = Faults()
-    runtime = SessionRuntime("s6", loop=loop, on_fault=faults)
+    runtime = Supervisor("s6", loop=loop, on_fault=faults)
     video = _video()
     audio = FrameIntake("audio", depth=4, payload_limit=4096)
     with pytest.raises(RuntimeError, match="can't start new thread"):
@@ -238,8 +242,12 @@ async def test_a_partial_start_stops_what_started_and_re_raises(
     assert [w.name for w in runtime.workers] == ["decode-video-s6"]
     assert runtime.workers[0].done.is_set()  # joined within the bounded start join
     assert runtime.detached == [] and video.closed and audio.closed is False
-    assert runtime.state_history == [RuntimeState.NEW, RuntimeState.RUNNING, RuntimeState.STOPPED]
-    with pytest.raises(RuntimeStateError):
+    assert runtime.state_history == [
+        SupervisorState.NEW,
+        SupervisorState.RUNNING,
+        SupervisorState.STOPPED,
+    ]
+    with pytest.raises(SupervisorStateError):
         runtime.start([_video()])
     await runtime.stop_async(1.0)
     assert faults.calls == []
@@ -247,13 +255,13 @@ async def test_a_partial_start_stops_what_started_and_re_raises(
 
 async def test_start_refuses_more_tracks_than_the_permit_has_workers() -> None:
     loop = asyncio.get_running_loop()
-    runtime = SessionRuntime("s7", loop=loop, max_workers=1)
+    runtime = Supervisor("s7", loop=loop, max_workers=1)
     with pytest.raises(ValueError, match="permit has 1"):
         runtime.start([_video(), FrameIntake("audio", depth=1, payload_limit=10)])
-    assert runtime.workers == () and runtime.state is RuntimeState.NEW
+    assert runtime.workers == () and runtime.state is SupervisorState.NEW
     assert await runtime.stop_async(1.0) == []  # stopping a runtime that never ran
-    assert runtime.state_history == [RuntimeState.NEW, RuntimeState.STOPPED]
-    with pytest.raises(RuntimeStateError):
+    assert runtime.state_history == [SupervisorState.NEW, SupervisorState.STOPPED]
+    with pytest.raises(SupervisorStateError):
         runtime.start([_video()])
 
 
@@ -262,7 +270,7 @@ async def test_an_aiortc_end_of_stream_is_a_clean_exit() -> None:
     loop = asyncio.get_running_loop()
     faults = Faults()
     recorder = Recorder()
-    runtime = SessionRuntime("s8", loop=loop, on_fault=faults, on_frame=recorder)
+    runtime = Supervisor("s8", loop=loop, on_fault=faults, on_frame=recorder)
     intake = _video()
     runtime.start([intake])
     for index, data in enumerate(h264_frames()[:20]):
