@@ -495,41 +495,43 @@ class RunRegistry:
         views.sort(key=lambda v: (v.created_ms, v.run_id), reverse=True)
         return views
 
+    def _holds_slot_locked(self, run: RunState, now: int) -> bool:
+        """The one definition of an *active run* (a run holding a stream slot):
+        starting/live/stopping, not deleted, not expired. Admission counts these per
+        principal, the ``stream_slots_in_use`` gauge counts all of them."""
+        if run.placeholder or run.delete_state == DeleteState.DELETED:
+            return False
+        if run.stream_state not in ACTIVE_STATES:
+            return False
+        return self._view_locked(run, now).state != "expired"
+
     def count_active_runs_for_principal(self, principal: str, now: int | None = None) -> int:
-        """Runs of ``principal`` that hold a stream slot: starting/live/stopping, not
-        deleted, not expired. Each run's *current* principal is re-checked, so a stale
-        index entry can never count against the wrong principal.
+        """Active runs (:meth:`_holds_slot_locked`) of ``principal``. Each run's *current*
+        principal is re-checked, so a stale index entry can never count against the wrong
+        principal.
         """
         now = now_ms() if now is None else now
         count = 0
         with self._lock:
             for run_id in self._by_principal.get(principal, ()):
                 run = self._runs.get(run_id)
-                if run is None or run.principal != principal or run.placeholder:
+                if run is None or run.principal != principal:
                     continue
-                if run.delete_state == DeleteState.DELETED:
-                    continue
-                if run.stream_state not in ACTIVE_STATES:
-                    continue
-                if self._view_locked(run, now).state == "expired":
-                    continue
-                count += 1
+                if self._holds_slot_locked(run, now):
+                    count += 1
         return count
+
+    def count_active_runs(self, now: int | None = None) -> int:
+        """Active runs (:meth:`_holds_slot_locked`) of every principal."""
+        now = now_ms() if now is None else now
+        with self._lock:
+            return sum(1 for run in self._runs.values() if self._holds_slot_locked(run, now))
 
     def unclosed_run_ids(self) -> list[str]:
         """Runs whose session never closed (starting/live/stopping), deleted or not:
         recovery appends ``run_interrupted`` to each, so every run's timeline ends."""
         with self._lock:
             return [r.run_id for r in self._runs.values() if r.stream_state in ACTIVE_STATES]
-
-    def active_run_ids(self) -> list[str]:
-        """Runs holding a stream slot: starting/live/stopping and not deleted."""
-        with self._lock:
-            return [
-                r.run_id
-                for r in self._runs.values()
-                if r.stream_state in ACTIVE_STATES and r.delete_state != DeleteState.DELETED
-            ]
 
     def is_pinned(self, run_id: str) -> bool:
         """Whether retention eviction currently skips this run."""

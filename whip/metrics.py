@@ -71,7 +71,7 @@ class ServerCollector(Collector):
             (
                 "stream_slots_in_use",
                 "active runs plus reservations in flight",
-                len(timeline.runs.active_run_ids()) + manager.slots.reserved(),
+                timeline.runs.count_active_runs() + manager.slots.reserved(),
             ),
             ("media_budget_bytes_reserved", "media budget bytes reserved", budget.bytes_reserved),
             ("media_budget_bytes_total", "media budget bytes", budget.bytes_total),
