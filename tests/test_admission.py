@@ -50,7 +50,7 @@ def test_stream_slots_never_over_the_limit_under_a_race() -> None:
         try:
             slot = slots.reserve("alice")
         except StreamLimitError as exc:
-            assert exc.status == 409
+            assert exc.http_status == 409
             with lock:
                 refused.append(exc.code)
             return
@@ -75,7 +75,7 @@ def test_media_budget_reserves_both_or_nothing_and_releases_exactly_once() -> No
         try:
             permit = budget.reserve(1000, 2)
         except BudgetExhaustedError as exc:
-            assert exc.status == 503 and exc.headers["Retry-After"]
+            assert exc.http_status == 503 and exc.headers["Retry-After"]
             return
         with lock:
             permits.append(permit)

@@ -95,7 +95,7 @@ def test_missing_credentials(authenticator: Authenticator, header: str | None) -
     with pytest.raises(UnauthorizedError) as info:
         authenticator.authenticate(header)
     error = info.value
-    assert (error.status, error.code) == (401, "unauthorized")
+    assert (error.http_status, error.code) == (401, "unauthorized")
     assert error.headers == {"WWW-Authenticate": CHALLENGE}
     assert isinstance(error, HttpError)
 
@@ -118,7 +118,7 @@ def test_missing_credentials(authenticator: Authenticator, header: str | None) -
 def test_malformed_credentials(authenticator: Authenticator, header: str) -> None:
     with pytest.raises(UnauthorizedError) as info:
         authenticator.authenticate(header)
-    assert info.value.status == 401 and "malformed" in info.value.message
+    assert info.value.http_status == 401 and "malformed" in info.value.message
     assert info.value.headers == {"WWW-Authenticate": INVALID}
 
 
@@ -126,7 +126,7 @@ def test_malformed_credentials(authenticator: Authenticator, header: str) -> Non
 def test_unknown_token(authenticator: Authenticator, token: str) -> None:
     with pytest.raises(UnauthorizedError) as info:
         authenticator.authenticate(f"Bearer {token}")
-    assert info.value.status == 401 and info.value.message == "unknown bearer token"
+    assert info.value.http_status == 401 and info.value.message == "unknown bearer token"
     assert info.value.headers == {"WWW-Authenticate": INVALID}
 
 
@@ -171,7 +171,7 @@ def test_roles(authenticator: Authenticator) -> None:
                 require_role(who, role)
                 history.append((who.name, str(role), "ok"))
             except ForbiddenError as exc:
-                assert (exc.status, exc.code) == (403, "forbidden")
+                assert (exc.http_status, exc.code) == (403, "forbidden")
                 history.append((who.name, str(role), "forbidden"))
     assert history == [
         ("studio-a", "publisher", "ok"),
@@ -201,6 +201,6 @@ def test_any_header_resolves_or_is_401(header: str | None) -> None:
     try:
         who = authenticator.authenticate(header)
     except UnauthorizedError as exc:
-        assert exc.status == 401 and "WWW-Authenticate" in exc.headers
+        assert exc.http_status == 401 and "WWW-Authenticate" in exc.headers
     else:
         assert who.name in {p.name for p in PRINCIPALS}

@@ -180,7 +180,7 @@ def test_lf_line_endings_and_candidates_in_offer() -> None:
 def test_bad_offers(name: str, status: int, code: str, fragment: str) -> None:
     with pytest.raises(SdpError) as info:
         check_offer(offer(name))
-    assert (info.value.status, info.value.code) == (status, code)
+    assert (info.value.http_status, info.value.code) == (status, code)
     assert fragment in info.value.message
 
 
@@ -192,7 +192,7 @@ def test_size_cap_is_inclusive() -> None:
     check_offer(body, max_bytes=len(body))
     with pytest.raises(SdpTooLargeError) as info:
         check_offer(body, max_bytes=len(body) - 1)
-    assert info.value.status == 413 and info.value.code == "sdp_too_large"
+    assert info.value.http_status == 413 and info.value.code == "sdp_too_large"
 
 
 @pytest.mark.parametrize(
@@ -210,7 +210,7 @@ def test_size_cap_is_inclusive() -> None:
 def test_binary_and_empty_bodies(body: bytes, fragment: str) -> None:
     with pytest.raises(SdpError) as info:
         parse_offer(body)
-    assert info.value.status == 400 and fragment in info.value.message
+    assert info.value.http_status == 400 and fragment in info.value.message
 
 
 # --- syntax errors name their line --------------------------------------------------------
@@ -260,7 +260,7 @@ def test_syntax_errors_name_the_line(old: str, new: str, fragment: str) -> None:
     assert old in BASE
     with pytest.raises(SdpError) as info:
         check_offer(BASE.replace(old, new, 1).encode())
-    assert (info.value.status, info.value.code) == (400, "bad_sdp")
+    assert (info.value.http_status, info.value.code) == (400, "bad_sdp")
     assert fragment in info.value.message
 
 
@@ -362,7 +362,7 @@ def test_rejected_sections(media: str, reason: str) -> None:
     assert summary.sections[1].accepted is True
     with pytest.raises(NothingReceivableError) as info:
         check_offer(minimal(media))
-    assert info.value.status == 422 and reason in info.value.message
+    assert info.value.http_status == 422 and reason in info.value.message
 
 
 def test_bundle_only_section_with_port_zero_is_active() -> None:
@@ -384,7 +384,7 @@ def test_session_level_direction_is_the_default() -> None:
 def test_one_sending_track_per_kind() -> None:
     with pytest.raises(TooManyTracksError) as info:
         check_offer(minimal(audio("a1"), audio("a2")))
-    assert info.value.status == 422 and "2 sending audio sections" in info.value.message
+    assert info.value.http_status == 422 and "2 sending audio sections" in info.value.message
     # a second, receive-only video section is merely rejected
     summary = check_offer(minimal(video("v1"), video("v2", direction="recvonly")))
     assert [p.accepted for p in summary.sections] == [True, False]
@@ -404,18 +404,18 @@ def test_content_type() -> None:
     for bad in (None, "", "text/plain", "application/sdpx", "application/trickle-ice-sdpfrag"):
         with pytest.raises(UnsupportedMediaTypeError) as info:
             check_content_type(bad)
-        assert info.value.status == 415
+        assert info.value.http_status == 415
 
 
 def test_error_tree() -> None:
     assert all(issubclass(e, HttpError) for e in (SdpError, AnswerMismatchError))
-    assert [e.status for e in (SdpError, SdpTooLargeError, UnsupportedMediaTypeError)] == [
+    assert [e.http_status for e in (SdpError, SdpTooLargeError, UnsupportedMediaTypeError)] == [
         400,
         413,
         415,
     ]
-    assert (NothingReceivableError.status, TooManyTracksError.status) == (422, 422)
-    assert AnswerMismatchError.status == 500
+    assert (NothingReceivableError.http_status, TooManyTracksError.http_status) == (422, 422)
+    assert AnswerMismatchError.http_status == 500
 
 
 # --- answer policy ------------------------------------------------------------------------
@@ -524,7 +524,7 @@ def test_finalize_detects_mismatched_answers() -> None:
     raw = answer("obs_h264_opus")
     with pytest.raises(AnswerMismatchError) as info:
         finalize_answer(raw.split("m=video")[0], summary)
-    assert info.value.status == 500
+    assert info.value.http_status == 500
     with pytest.raises(AnswerMismatchError):
         finalize_answer(raw.replace("a=mid:1", "a=mid:9"), summary)
 
@@ -596,7 +596,7 @@ def survives(body: bytes, max_bytes: int = 32 * 1024) -> OfferSummary | None:
     try:
         return check_offer(body, max_bytes=max_bytes)
     except SdpError as exc:
-        assert isinstance(exc, HttpError) and exc.status in (400, 413, 422)
+        assert isinstance(exc, HttpError) and exc.http_status in (400, 413, 422)
         assert exc.message
         return None
 

@@ -35,14 +35,14 @@ logger = logging.getLogger(__name__)
 class StreamLimitError(HttpError):
     """The principal already holds its maximum of active runs."""
 
-    status = 409
+    http_status = 409
     code = "stream_limit"
 
 
 class BudgetExhaustedError(HttpError):
     """The process-wide media budget cannot take another session right now."""
 
-    status = 503
+    http_status = 503
     code = "budget"
 
 

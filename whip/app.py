@@ -20,6 +20,7 @@ from registry.timeline import Timeline, TimelineConfig
 from whip import metrics
 from whip.auth import Authenticator
 from whip.config import Config
+from whip.errors import NotReadyError
 from whip.gcpolicy import freeze_startup_heap, set_young_threshold
 from whip.middleware import error_middleware
 from whip.ratelimit import LIMITER_KEY, RequestLimiter
@@ -45,8 +46,7 @@ async def readyz(request: web.Request) -> web.Response:
     timeline = request.app.get(TIMELINE_KEY)
     if timeline is None or not timeline.ready:
         broken = timeline.wal.broken if timeline is not None else None
-        detail = f"wal broken: {broken}" if broken is not None else "not recovered"
-        return web.json_response({"error": {"code": "not_ready", "message": detail}}, status=503)
+        raise NotReadyError(f"wal broken: {broken}" if broken is not None else "not recovered")
     body: dict[str, object] = {"status": "ready", "last_seq": timeline.snapshot.last_seq}
     report = timeline.recovery
     if report is not None and report.corruption is not None:

@@ -59,7 +59,7 @@ ANONYMOUS = Principal(ANONYMOUS_NAME, Role.OPERATOR)
 class UnauthorizedError(HttpError):
     """401: no usable credentials. Carries the ``WWW-Authenticate`` challenge."""
 
-    status = 401
+    http_status = 401
     code = "unauthorized"
 
     def __init__(self, message: str, *, invalid_token: bool = False) -> None:
@@ -72,7 +72,7 @@ class UnauthorizedError(HttpError):
 class ForbiddenError(HttpError):
     """403: authenticated, but the role does not allow this."""
 
-    status = 403
+    http_status = 403
     code = "forbidden"
 
 

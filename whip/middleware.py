@@ -69,7 +69,7 @@ async def _answer(request: web.Request, handler: Handler) -> web.StreamResponse:
     except asyncio.CancelledError:
         raise
     except HttpError as exc:
-        return json_error(exc.status, exc.code, exc.message, exc.headers)
+        return json_error(exc.http_status, exc.code, exc.message, exc.headers)
     except RegistryError as exc:
         if exc.http_status >= 500:
             logger.error("%s %s: %s", request.method, request.path, exc)

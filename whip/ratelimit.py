@@ -63,14 +63,14 @@ Network = ipaddress.IPv4Network | ipaddress.IPv6Network
 class RateLimitedError(HttpError):
     """Too many requests from one address or principal (429, ``Retry-After``)."""
 
-    status = 429
+    http_status = 429
     code = "rate_limited"
 
 
 class BodyTimeoutError(HttpError, TimeoutError):
     """The request body did not arrive in time (408)."""
 
-    status = 408
+    http_status = 408
     code = "request_timeout"
 
 

@@ -81,7 +81,7 @@ from registry.events import Event, EventType, is_valid_run_id
 from registry.runs import RunView
 from registry.timeline import MAX_CURSOR, MAX_READ_LIMIT, MAX_WAIT_S, Timeline
 from whip.auth import ForbiddenError, Principal, Role
-from whip.errors import HttpError
+from whip.errors import HttpError, NotFoundError
 from whip.ratelimit import guarded
 from whip.routes_whip import AUTH_KEY, SESSIONS_KEY
 from whip.session import WhipSession
@@ -135,12 +135,8 @@ class InvalidListCursorError(HttpError):
 class NotLiveError(HttpError):
     """Stop of a run that is over."""
 
-    status = 409
+    http_status = 409
     code = "not_live"
-
-
-def _not_found(what: str) -> HttpError:
-    return HttpError(f"no such {what}", status=404, code="not_found")
 
 
 # ---------------------------------------------------------------- request parsing
@@ -208,7 +204,7 @@ def _visible_run(timeline: Timeline, run_id: str, caller: Principal) -> RunView:
     runs look exactly like missing ones)."""
     view = timeline.runs.get(run_id)
     if view is None or not (caller.is_operator or view.principal == caller.name):
-        raise _not_found("run")
+        raise NotFoundError("run")
     return view
 
 
@@ -540,7 +536,7 @@ async def get_session(request: web.Request) -> web.Response:
     session_id = _session_id(request)
     session = request.app[SESSIONS_KEY].table.get(session_id)
     if session is None or not (caller.is_operator or session.principal == caller.name):
-        raise _not_found("session")
+        raise NotFoundError("session")
     return web.json_response(session_json(session, await _rtp_stats(session)))
 
 
@@ -568,7 +564,7 @@ async def thumbnail(request: web.Request) -> web.StreamResponse:
         path = manager.config.server.data_dir / "thumbnails" / f"{run_id}.jpg"
         jpeg = await asyncio.to_thread(_read_file, path)
     if not jpeg:
-        raise HttpError("no thumbnail yet", status=404, code="no_thumbnail")
+        raise HttpError("no thumbnail yet", http_status=404, code="no_thumbnail")
     return web.Response(body=jpeg, content_type="image/jpeg", headers={"Cache-Control": "no-store"})
 
 

@@ -25,7 +25,7 @@ from aiortc import sdp as aiortc_sdp
 from registry.errors import RegistryError
 from whip.auth import Authenticator, Principal, Role
 from whip.cors import add_cors
-from whip.errors import HttpError
+from whip.errors import HttpError, NotFoundError
 from whip.middleware import json_error_prepare
 from whip.ratelimit import guarded
 from whip.sdp import (
@@ -37,7 +37,7 @@ from whip.sdp import (
 from whip.session import CloseReason
 from whip.sessions import SessionManager, admission_outcome
 from whip.trickle import CONTENT_TYPE as TRICKLE_CONTENT_TYPE
-from whip.trickle import MAX_FRAGMENT_BYTES, parse_fragment
+from whip.trickle import MAX_FRAGMENT_BYTES, FragmentTooLargeError, parse_fragment
 
 logger = logging.getLogger(__name__)
 
@@ -98,7 +98,7 @@ async def post_whip(request: web.Request) -> web.StreamResponse:
     try:
         response = await _post_whip(request)
     except HttpError as exc:
-        manager.admissions[admission_outcome(exc.status, exc.code)] += 1
+        manager.admissions[admission_outcome(exc.http_status, exc.code)] += 1
         raise
     except RegistryError as exc:
         manager.admissions[admission_outcome(exc.http_status, exc.code)] += 1
@@ -162,7 +162,7 @@ async def delete_session(request: web.Request) -> web.StreamResponse:
     stone = manager.table.tombstone(session_id)
     if stone is not None:
         return _cors(request, web.Response(status=200))
-    raise HttpError("no such session", status=404, code="not_found")
+    raise NotFoundError("session")
 
 
 @guarded
@@ -177,19 +177,16 @@ async def patch_session(request: web.Request) -> web.StreamResponse:
     manager = request.app[SESSIONS_KEY]
     session = manager.table.get(session_id) if _SESSION_ID.fullmatch(session_id) else None
     if session is None or not (principal.is_operator or session.principal == principal.name):
-        raise HttpError("no such session", status=404, code="not_found")
+        raise NotFoundError("session")
     content_type = request.headers.get("Content-Type", "").split(";")[0].strip().lower()
     if content_type != TRICKLE_CONTENT_TYPE:
         raise HttpError(
-            f"PATCH takes {TRICKLE_CONTENT_TYPE}", status=415, code="unsupported_media_type"
+            f"PATCH takes {TRICKLE_CONTENT_TYPE}", http_status=415, code="unsupported_media_type"
         )
     if_match = request.headers.get("If-Match")
     if if_match is not None and if_match.strip() not in ("*", session.etag):
-        raise HttpError("stale entity tag", status=412, code="precondition_failed")
-    too_large = HttpError(
-        f"fragment larger than {MAX_FRAGMENT_BYTES} bytes", status=413, code="payload_too_large"
-    )
-    body = await _read_body(request, MAX_FRAGMENT_BYTES, too_large)
+        raise HttpError("stale entity tag", http_status=412, code="precondition_failed")
+    body = await _read_body(request, MAX_FRAGMENT_BYTES, FragmentTooLargeError())
     fragment = parse_fragment(body)
     await manager.trickle(session, fragment)
     return _cors(request, web.Response(status=204, headers={"ETag": session.etag}))

@@ -50,24 +50,24 @@ H264_PROFILES = frozenset({0x42, 0x4D, 0x64})  # baseline family, main, high
 class SdpError(HttpError):
     """The offer is not acceptable SDP (remote fault)."""
 
-    status = 400
+    http_status = 400
     code = "bad_sdp"
 
 
 class SdpTooLargeError(SdpError):
-    status = 413
+    http_status = 413
     code = "sdp_too_large"
 
 
 class UnsupportedMediaTypeError(SdpError):
-    status = 415
+    http_status = 415
     code = "unsupported_media_type"
 
 
 class UnprocessableOfferError(SdpError):
     """Well-formed SDP this server cannot ingest."""
 
-    status = 422
+    http_status = 422
     code = "unprocessable_offer"
 
 
@@ -82,7 +82,7 @@ class TooManyTracksError(UnprocessableOfferError):
 class AnswerMismatchError(HttpError):
     """The media stack's answer does not line up with the offer (local fault)."""
 
-    status = 500
+    http_status = 500
     code = "answer_mismatch"
 
 

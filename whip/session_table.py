@@ -29,7 +29,7 @@ from whip.errors import HttpError
 class SessionCapError(HttpError):
     """``max_sessions`` live sessions already."""
 
-    status = 503
+    http_status = 503
     code = "session_cap"
 
 

@@ -138,7 +138,7 @@ class MediaWiring:
 class SessionSupersededConflictError(HttpError):
     """``reconnect = "reject"`` and the stream already has a live session."""
 
-    status = 409
+    http_status = 409
     code = "stream_busy"
 
 
@@ -226,7 +226,7 @@ class SessionManager:
         if self._shutting_down:
             raise HttpError(
                 "server is shutting down",
-                status=503,
+                http_status=503,
                 code="shutting_down",
                 headers={"Retry-After": "5"},
             )
@@ -294,7 +294,7 @@ class SessionManager:
                 raise
             raise HttpError(
                 "session id collision; retry",
-                status=503,
+                http_status=503,
                 code="session_cap",
                 headers={"Retry-After": "1"},
             ) from exc
@@ -634,7 +634,7 @@ class SessionManager:
         check_not_restart(fragment, remote_ufrag(pc.remoteDescription.sdp))
         transceivers = pc.getTransceivers()
         if not transceivers:
-            raise HttpError("session has no media", status=409, code="no_media")
+            raise HttpError("session has no media", http_status=409, code="no_media")
         mid = transceivers[0].mid
         parsed = []
         for line in fragment.candidates:

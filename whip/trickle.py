@@ -34,14 +34,24 @@ _CANDIDATE = re.compile(
 class FragmentError(HttpError):
     """A malformed trickle fragment."""
 
-    status = 400
+    http_status = 400
     code = "bad_sdpfrag"
+
+
+class FragmentTooLargeError(HttpError):
+    """A trickle fragment over :data:`MAX_FRAGMENT_BYTES`."""
+
+    http_status = 413
+    code = "payload_too_large"
+
+    def __init__(self) -> None:
+        super().__init__(f"fragment larger than {MAX_FRAGMENT_BYTES} bytes")
 
 
 class IceRestartUnsupportedError(HttpError):
     """The fragment asks for an ICE restart, which this server does not perform."""
 
-    status = 422
+    http_status = 422
     code = "ice_restart_unsupported"
 
 
@@ -59,9 +69,7 @@ class TrickleFragment:
 def parse_fragment(body: bytes) -> TrickleFragment:
     """Parse and bound-check a fragment (raises :class:`FragmentError`, 413 on size)."""
     if len(body) > MAX_FRAGMENT_BYTES:
-        raise HttpError(
-            f"fragment larger than {MAX_FRAGMENT_BYTES} bytes", status=413, code="payload_too_large"
-        )
+        raise FragmentTooLargeError()
     try:
         text = body.decode("utf-8")
     except UnicodeDecodeError as exc:
