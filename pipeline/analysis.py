@@ -11,7 +11,7 @@ timeline append), in the order the analyzers produced it.
 Threads: ``on_frame`` runs on the decode worker threads, one per track, so the video and
 the audio analyzers each live on one thread and never meet; a processor that takes both
 kinds is called under its own lock. ``emit`` is called on those threads too and must
-not block for long (it is decode time). :meth:`Analysis.live_stats`,
+not block for long (it is decode time). :meth:`Analysis.track_rates`,
 :meth:`Analysis.final_stats` and :meth:`Analysis.latest_thumbnail` may be called from
 any thread, including the event loop (they read counters; no numpy, no I/O).
 
@@ -236,12 +236,10 @@ class Analysis:
 
     # ------------------------------------------------------------ any thread
 
-    def live_stats(self) -> dict[str, object]:
-        """The lead track's ``stats`` data now, audio nested (``GET /v1/sessions``)."""
-        data = self._lead_stats().snapshot()
-        if self.lead == "video" and "audio" in self.kinds:
-            data.update(self._audio_extra())
-        return data
+    def track_rates(self, kind: Kind) -> tuple[float, int, float]:
+        """The ``kind`` track's :meth:`FrameStats.fps_and_bitrate` (any thread)."""
+        stats = self.video_stats if kind == "video" else self.audio_stats
+        return stats.fps_and_bitrate()
 
     def final_stats(self) -> dict[str, object]:
         """The closing ``stats`` event's data: :meth:`FrameStats.final` of the lead

@@ -135,7 +135,8 @@ def open_decoder(codec: str, codec_threads: int = 1, max_pixels: int | None = No
     refused by the decoder before it allocates it, and ``decode`` raises ``InvalidDataError``
     (``ArgumentError`` for VP8's first one), which the worker counts as a decode error.
     It is the bound on what one session's decoder holds: H.264 keeps up to 16 reference
-    pictures, so an 8K stream (33 Mpixel, 50 MB a picture) cost 148 MB.
+    pictures, so decoder memory grows with the picture size (an 8K figure is in
+    ``docs/PERFORMANCE.md``, "Decoder memory").
     Raises ``ValueError`` for an unknown codec.
     """
     name = DECODERS.get(codec.upper())

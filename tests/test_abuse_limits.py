@@ -16,9 +16,10 @@ from aiohttp.test_utils import TestServer, make_mocked_request
 
 from tests.support.peers import AiortcPublisher
 from tests.support.servers import make_config
+from whip.appkeys import LIMITER_KEY
 from whip.auth import Authenticator, hash_token
-from whip.ratelimit import LIMITER_KEY, RequestLimiter, TokenBuckets
-from whip.sessions import new_id
+from whip.ids import new_id
+from whip.ratelimit import RequestLimiter, TokenBuckets
 
 Servers = Callable[..., Awaitable[TestServer]]
 PRINCIPALS = [

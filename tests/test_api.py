@@ -27,11 +27,11 @@ from registry.events import NewEvent, now_ms
 from registry.timeline import Timeline
 from tests.support.peers import AiortcPublisher
 from tests.support.servers import make_config
-from whip.app import TIMELINE_KEY, create_app
+from whip.app import create_app
+from whip.appkeys import SESSIONS_KEY, TIMELINE_KEY
 from whip.auth import hash_token
 from whip.cli import configure_ice
-from whip.routes_whip import SESSIONS_KEY
-from whip.sessions import SessionManager
+from whip.session_manager import SessionManager
 
 OPENAPI = Path(__file__).parent.parent / "whip" / "openapi.json"
 NOT_YET_ROUTED = {("GET", "/metrics"), ("HEAD", "/metrics")}

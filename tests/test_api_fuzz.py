@@ -52,7 +52,8 @@ from schemathesis.specs.openapi.checks import (
 from registry.events import NewEvent
 from tests.support.peers import AiortcPublisher
 from tests.support.servers import make_config
-from whip.app import TIMELINE_KEY, create_app
+from whip.app import create_app
+from whip.appkeys import TIMELINE_KEY
 from whip.auth import hash_token
 from whip.cli import configure_ice
 

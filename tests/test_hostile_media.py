@@ -41,8 +41,8 @@ from registry.timeline import Timeline
 from tests.support.hostile_rtp import HostilePublisher, RtpStream, h264_frames
 from tests.support.peers import AiortcPublisher
 from tests.support.servers import normal_push, wait_for_type
-from whip.app import TIMELINE_KEY
-from whip.routes_whip import SESSIONS_KEY
+from whip.appkeys import SESSIONS_KEY, TIMELINE_KEY
+from whip.live_session import LiveSession
 from whip.rtc.pli import remote_media_ssrcs
 from whip.rtc.rtp_guard import (
     MAX_SSRCS,
@@ -51,8 +51,7 @@ from whip.rtc.rtp_guard import (
     RtpGuard,
     guards_of,
 )
-from whip.session import WhipSession
-from whip.sessions import SessionManager
+from whip.session_manager import SessionManager
 
 KiB = 1024
 MiB = 1024 * KiB
@@ -116,7 +115,7 @@ class Push:
     server: TestServer
     http: aiohttp.ClientSession
     pub: HostilePublisher
-    session: WhipSession
+    session: LiveSession
     wire0: int = 0
     acked0: int = 0
 
@@ -155,8 +154,8 @@ class Push:
         return video
 
     def video(self) -> DecodeStats:
-        assert self.session.runtime is not None
-        return self.session.runtime.stats()["decode-video"]
+        assert self.session.supervisor is not None
+        return self.session.supervisor.stats()["decode-video"]
 
     def receiver(self) -> Any:
         return next(t for t in self.session.pc.getTransceivers() if t.kind == "video").receiver
@@ -231,7 +230,7 @@ async def _hostile(server: TestServer, stream: str, *, audio: bool = False) -> A
             assert response.status == 201, await response.text()
             await asyncio.wait_for(pub.connected.wait(), 15)
             session = manager.find_by_run(pub.run_id)
-            assert session is not None and session.runtime is not None
+            assert session is not None and session.supervisor is not None
             push = Push(server, http, pub, session)
             await _until(lambda: push.session.connected, push.figures)
             push.wire0, push.acked0 = pub.wire, push.acked()
@@ -249,7 +248,7 @@ def _closed_reason(events: list[Event]) -> list[object]:
     return [e.data.get("reason") for e in events if e.type == "session_closed"]
 
 
-def _decode_threads(session: WhipSession) -> list[str]:
+def _decode_threads(session: LiveSession) -> list[str]:
     return [t.name for t in threading.enumerate() if t.name.endswith(session.session_id)]
 
 
@@ -733,11 +732,11 @@ async def test_g711_and_g722_on_a_new_ssrc_are_unroutable_when_the_answer_offere
 
         audio_receiver = transceivers["audio"].receiver
         (audio_intake,) = [i for i in push.session.intakes if i.kind == "audio"]
-        assert push.session.runtime is not None
+        assert push.session.supervisor is not None
 
         def audio_stats() -> DecodeStats:
-            assert push.session.runtime is not None
-            return push.session.runtime.stats()["decode-audio"]
+            assert push.session.supervisor is not None
+            return push.session.supervisor.stats()["decode-audio"]
 
         sent = 0
         for ssrc, pt, payload in (

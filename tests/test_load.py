@@ -34,10 +34,9 @@ from aiohttp.test_utils import TestServer
 import whip.config
 from registry.events import Event, NewEvent
 from tests.support.peers import ffmpeg_whip_push
-from whip.app import TIMELINE_KEY
+from whip.appkeys import SESSIONS_KEY, TIMELINE_KEY
 from whip.auth import hash_token
-from whip.routes_whip import SESSIONS_KEY
-from whip.sessions import SessionManager
+from whip.session_manager import SessionManager
 
 ROOT = Path(__file__).parent.parent
 LOAD_CLIENT = ROOT / "bench" / "load.py"
@@ -409,7 +408,7 @@ async def _burst(
     async with asyncio.timeout(30):
         await manager.shutdown()
         # Refused-at-cap runs are tombstoned in the background; wait for that too.
-        pending = [t for t in manager._background if not t.done()]
+        pending = manager.detached.pending()
         if pending:
             await asyncio.wait(pending)
     assert len(manager.table) == 0

@@ -11,9 +11,8 @@ from aiohttp.test_utils import TestServer
 from prometheus_client.parser import text_string_to_metric_families
 
 from tests.support.peers import AiortcPublisher
-from whip.app import TIMELINE_KEY
-from whip.routes_whip import SESSIONS_KEY
-from whip.sessions import SessionManager
+from whip.appkeys import SESSIONS_KEY, TIMELINE_KEY
+from whip.session_manager import SessionManager
 
 
 @pytest.fixture
@@ -40,7 +39,7 @@ async def test_two_runs_one_rejected_one_deleted(server: TestServer) -> None:
         await asyncio.wait_for(first.connected.wait(), 20)
         refused = await third.publish(http, str(server.make_url("/whip/c")))
         assert refused.status == 409
-        result = await manager.delete_run(second.run_id, "anonymous")
+        result = await manager.runs.request_delete(second.run_id, "anonymous")
         assert not result.synthesized
         scrape = await http.get(server.make_url("/metrics"))
         assert scrape.status == 200

@@ -338,7 +338,8 @@ def test_periodic_stats_nest_audio_and_processor_events_follow_the_analyzers(
     assert (final["frames_decoded"], final["scene_changes"], final["thumbnails"]) == (150, 2, 0)
     assert isinstance(final["audio"], dict) and final["audio"]["frames_decoded"] == len(audio)
     assert analysis.close_episodes() == []
-    assert analysis.live_stats()["codec"] == "H264"
+    assert analysis.video_stats.snapshot()["codec"] == "H264"
+    assert analysis.track_rates("video")[0] == pytest.approx(30.0, abs=0.01)
 
 
 def test_audio_only_session_leads_with_audio(clips: dict[str, Path]) -> None:

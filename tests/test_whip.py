@@ -14,10 +14,9 @@ from aiohttp.test_utils import TestServer
 from registry.timeline import Timeline
 from tests.support.peers import AiortcPublisher, ffmpeg_whip_push
 from tests.support.servers import wait_for_type
-from whip.app import TIMELINE_KEY
+from whip.appkeys import SESSIONS_KEY, TIMELINE_KEY
 from whip.auth import hash_token
-from whip.routes_whip import SESSIONS_KEY
-from whip.sessions import SessionManager
+from whip.session_manager import SessionManager
 
 FIXTURES = Path(__file__).parent.parent / "fixtures"
 

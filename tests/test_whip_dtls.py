@@ -27,15 +27,14 @@ from aiortc import RTCPeerConnection
 from aiortc.rtcdtlstransport import RTCCertificate, generate_certificate
 from cryptography.hazmat.primitives.asymmetric import ec, rsa
 
-import whip.sessions
 from registry.timeline import Timeline
 from tests.support.peers import AiortcPublisher
 from tests.support.servers import wait_for_type
-from whip.app import TIMELINE_KEY
-from whip.routes_whip import SESSIONS_KEY
+from whip.appkeys import SESSIONS_KEY, TIMELINE_KEY
+from whip.live_session import LiveSession
+from whip.negotiation import Negotiator
 from whip.rtc.certificate import WideCipherCertificate, use_wide_certificate
-from whip.session import WhipSession
-from whip.sessions import SessionManager
+from whip.session_manager import SessionManager, SessionSeams
 
 PUBLISHER_SUITES = (
     b"ECDHE-ECDSA-AES128-GCM-SHA256:ECDHE-ECDSA-CHACHA20-POLY1305:"
@@ -89,7 +88,7 @@ class Push:
     publisher: AiortcPublisher
     status: int
     answer: str
-    session: WhipSession | None
+    session: LiveSession | None
     settled: asyncio.Event
     """Set once the publisher's connection is connected, failed or closed."""
 
@@ -140,7 +139,7 @@ async def event_log(timeline: Timeline, run_id: str) -> list[tuple[str, dict[str
     return [(e.type, e.data) for e in await timeline.read_events(run_id, 0, 1000)]
 
 
-def server_dtls(session: WhipSession) -> Any:
+def server_dtls(session: LiveSession) -> Any:
     """The session's one (BUNDLE) DTLS transport."""
     transports = {
         id(t.receiver.transport): t.receiver.transport for t in session.pc.getTransceivers()
@@ -213,20 +212,23 @@ async def test_publisher_certificate_and_dtls_role(
 )
 async def test_stock_certificate_cannot_serve_rsa_publisher_as_dtls_client(
     ingest: Callable[..., Awaitable[TestServer]],
-    monkeypatch: pytest.MonkeyPatch,
     offer_setup: str,
     connects: bool,
 ) -> None:
     """Fault injection: the server keeps aiortc's stock certificate (ECDHE-ECDSA only).
 
-    ``use_wide_certificate`` is replaced by a no-op in this test only, to prove the
+    The negotiator's ``prepare_certificate`` is a no-op in this test only, to prove the
     matrix above can fail: as DTLS client the server then offers no suite an RSA server
     can use, so the handshake fails and the reclaimer ends the session as ``peer_gone``.
     As DTLS server it still connects (its own ECDSA key picks the suite).
     """
+
     # Fault injection, this test only: the server's pcs keep aiortc's stock certificate.
-    monkeypatch.setattr(whip.sessions, "use_wide_certificate", lambda pc: None)
-    server = await ingest()
+    class StockCertificateNegotiator(Negotiator):
+        def prepare_certificate(self, pc: RTCPeerConnection) -> None:
+            return None
+
+    server = await ingest(seams=SessionSeams(negotiator=StockCertificateNegotiator))
     timeline: Timeline = server.app[TIMELINE_KEY]
     manager: SessionManager = server.app[SESSIONS_KEY]
     async with aiohttp.ClientSession() as http:

@@ -6,9 +6,10 @@ the HTTP answers, the durable events (read back from the WAL), and that nothing 
 (stream slots, media budget, session table, server-side peer connections, runs left in
 ``starting``).
 
-Server-side peer connections are observed by replacing ``whip.sessions.RTCPeerConnection``
-with a subclass that records every instance (the production code looks the name up at call
-time); nothing in ``whip/`` or ``registry/`` is modified. WAL faults are injected through
+Server-side peer connections are observed through the session manager's injected peer
+factory (:class:`whip.session_manager.SessionSeams`): a subclass of aiortc's
+``RTCPeerConnection`` that records every instance; nothing in ``whip/`` or ``registry/`` is
+modified. WAL faults are injected through
 the documented seam: ``Wal.faults`` is read by the writer thread on every batch, so the
 test sets it on the running server's timeline.
 """
@@ -29,20 +30,21 @@ from typing import Any
 import aiohttp
 import pytest
 from aiohttp.test_utils import TestServer
-from aiortc import RTCPeerConnection
+from aiortc import RTCConfiguration, RTCPeerConnection
 
-import whip.sessions
 from registry.events import Event
 from registry.timeline import Timeline
 from tests.support.peers import AiortcPublisher
 from tests.support.servers import wait_for_type
-from whip.app import TIMELINE_KEY, create_app
+from whip.app import create_app
+from whip.appkeys import SESSIONS_KEY, TIMELINE_KEY
 from whip.auth import hash_token
 from whip.cli import configure_ice
 from whip.config import Config, MiB, build_config
-from whip.routes_whip import SESSIONS_KEY
-from whip.session import CloseReason, WhipSession
-from whip.sessions import SessionManager
+from whip.ids import IdFactory, new_id
+from whip.live_session import CloseReason, LiveSession
+from whip.negotiation import Negotiator
+from whip.session_manager import SessionManager, SessionSeams
 
 UNKNOWN_SESSION = "/whip/sessions/s_AAAAAAAAAAAAAAAAAAAAAA"
 """Well-formed (``s_`` + 22 url-safe chars) but never issued."""
@@ -69,24 +71,30 @@ class PeerConnections:
         """The ones not closed."""
         return [pc for pc in self.created if pc.connectionState != "closed"]
 
+    def factory(self) -> RTCPeerConnection:
+        """The server's peer-connection factory: records each one, no ICE servers."""
+        pc = RecordingPeerConnection(self, RTCConfiguration(iceServers=[]))
+        self.created.append(pc)
+        return pc
+
+
+class RecordingPeerConnection(RTCPeerConnection):  # type: ignore[misc]
+    """A server-side peer connection whose close can be made to fail after closing."""
+
+    def __init__(self, record: PeerConnections, configuration: RTCConfiguration) -> None:
+        super().__init__(configuration)
+        self.record = record
+
+    async def close(self) -> None:
+        await super().close()
+        if self.record.fail_next_close > 0:
+            self.record.fail_next_close -= 1
+            raise RuntimeError("injected peer-connection teardown failure")
+
 
 @pytest.fixture
-def server_pcs(monkeypatch: pytest.MonkeyPatch) -> PeerConnections:
-    record = PeerConnections()
-
-    class RecordingPeerConnection(RTCPeerConnection):  # type: ignore[misc]
-        def __init__(self, *args: Any, **kwargs: Any) -> None:
-            super().__init__(*args, **kwargs)
-            record.created.append(self)
-
-        async def close(self) -> None:
-            await super().close()
-            if record.fail_next_close > 0:
-                record.fail_next_close -= 1
-                raise RuntimeError("injected peer-connection teardown failure")
-
-    monkeypatch.setattr(whip.sessions, "RTCPeerConnection", RecordingPeerConnection)
-    return record
+def server_pcs() -> PeerConnections:
+    return PeerConnections()
 
 
 class InjectedFaults:
@@ -214,11 +222,17 @@ async def serve(tmp_path: Path, server_pcs: PeerConnections) -> AsyncIterator[Ca
     harnesses: list[Harness] = []
 
     async def start(
-        principals: list[dict[str, str]] | None = None, **sections: dict[str, Any]
+        principals: list[dict[str, str]] | None = None,
+        *,
+        new_id: IdFactory = new_id,
+        **sections: dict[str, Any],
     ) -> Harness:
         config = make_config(tmp_path / f"s{len(harnesses)}", principals, **sections)
         configure_ice(config)
-        server = TestServer(create_app(config), host="127.0.0.1")
+        seams = SessionSeams(
+            negotiator=lambda c: Negotiator(c, peer_factory=server_pcs.factory), new_id=new_id
+        )
+        server = TestServer(create_app(config, seams=seams), host="127.0.0.1")
         await server.start_server()
         http = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0))
         harness = Harness(server, http, server_pcs)
@@ -270,7 +284,7 @@ def by_run(events: Iterable[Event]) -> dict[str, list[Event]]:
     return runs
 
 
-def session_of(harness: Harness, reply: Reply) -> WhipSession:
+def session_of(harness: Harness, reply: Reply) -> LiveSession:
     session_id = reply.headers["Location"].rsplit("/", 1)[1]
     session = harness.manager.table.get(session_id)
     assert session is not None
@@ -546,14 +560,12 @@ async def test_session_id_collision_releases_and_tombstones(
     publishers: Callable[[], AiortcPublisher],
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    real_new_id = whip.sessions.new_id
-    fixed = real_new_id("s_")
+    fixed = new_id("s_")
 
     def colliding_new_id(prefix: str) -> str:
-        return fixed if prefix == "s_" else real_new_id(prefix)
+        return fixed if prefix == "s_" else new_id(prefix)
 
-    monkeypatch.setattr(whip.sessions, "new_id", colliding_new_id)
-    harness = await serve()
+    harness = await serve(new_id=colliding_new_id)
     manager, timeline = harness.manager, harness.timeline
     _, offers = await make_offers(publishers, 2)
     first = await harness.post(offers[0])
@@ -673,7 +685,7 @@ async def race_closers(
     harness: Harness, publisher: AiortcPublisher, location: str, contest: Contest
 ) -> tuple[Reply, bool]:
     """DELETE of ``location`` vs the peer closing vs ``manager.close(SHUTDOWN)`` vs an
-    operator stop of the run (``manager.stop_run``).
+    operator stop of the run (``manager.runs.request_stop``).
 
     Returns the DELETE answer and what ``manager.close`` returned. Bounded: 20 s.
     """
@@ -706,7 +718,7 @@ async def race_closers(
         await gate.wait()
         for _ in range(contest.shutdown_lag // 2):
             await asyncio.sleep(0)  # a loop turn, not a delay
-        return await harness.manager.stop_run(session.run_id, session.principal)
+        return await harness.manager.runs.request_stop(session.run_id, session.principal)
 
     closers = [by_delete, by_peer, by_shutdown, by_stop]
     closers = closers[contest.rotate :] + closers[: contest.rotate]
@@ -793,11 +805,11 @@ async def test_operator_stop_and_run_delete_close_the_live_session(
         await asyncio.wait_for(publisher.connected.wait(), 20)
         await wait_for_type(timeline, run_id, "session_connected")
         if action == "stop":
-            seq = await manager.stop_run(run_id, "operator")
+            seq = await manager.runs.request_stop(run_id, "operator")
             assert seq > 0
         else:
             results = await asyncio.gather(
-                *(manager.delete_run(run_id, "operator") for _ in range(8))
+                *(manager.runs.request_delete(run_id, "operator") for _ in range(8))
             )
             assert sum(not r.synthesized for r in results) == 1
         closed = await wait_for_type(timeline, run_id, "session_closed")

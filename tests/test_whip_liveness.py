@@ -30,11 +30,10 @@ from registry.timeline import Timeline, TimelineConfig
 from registry.wal import SEGMENT_SUFFIX
 from tests.support.peers import AiortcPublisher, ffmpeg_whip_push
 from tests.support.servers import serve_argv, wait_for_type
-from whip.app import TIMELINE_KEY
-from whip.routes_whip import SESSIONS_KEY
+from whip.appkeys import SESSIONS_KEY, TIMELINE_KEY
+from whip.live_session import LiveSession
 from whip.rtc.host_addresses import restrict_host_addresses
-from whip.session import WhipSession
-from whip.sessions import SessionManager
+from whip.session_manager import SessionManager
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -156,7 +155,7 @@ async def read_until_connected(proc: asyncio.subprocess.Process, wait_s: float) 
         lines.append(line)
 
 
-async def wait_for_media(session: WhipSession, packets: int, wait_s: float) -> None:
+async def wait_for_media(session: LiveSession, packets: int, wait_s: float) -> None:
     """Wait until the server has taken ``packets`` authenticated media packets (bounded
     poll): a publisher killed before its media starts would measure something else."""
     liveness = session.liveness

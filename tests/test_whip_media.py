@@ -27,12 +27,12 @@ from registry.timeline import Timeline
 from tests.support import media_processors
 from tests.support.media_push import MEDIA, PushResult, clip_info, push_file
 from tests.support.servers import normal_push
-from whip.app import TIMELINE_KEY, create_app
+from whip.app import create_app
+from whip.appkeys import SESSIONS_KEY, TIMELINE_KEY
 from whip.cli import configure_ice
 from whip.config import Config, build_config
-from whip.routes_whip import SESSIONS_KEY
-from whip.session import WhipSession
-from whip.sessions import SessionManager
+from whip.live_session import LiveSession
+from whip.session_manager import SessionManager
 
 TWO_SCENES = MEDIA / "two_scenes_360p.mp4"
 PATTERN_720P = MEDIA / "pattern_720p.mp4"
@@ -92,12 +92,12 @@ def _rss() -> int:
 
 async def _live_session(
     manager: SessionManager, push: asyncio.Future[Any], wait_s: float = 20
-) -> WhipSession:
+) -> LiveSession:
     loop = asyncio.get_running_loop()
     deadline = loop.time() + wait_s
     while loop.time() < deadline and not push.done():
         live = manager.table.live()
-        if live and live[0].runtime is not None:
+        if live and live[0].supervisor is not None:
             return live[0]
         await asyncio.sleep(0.02)
     if push.done():
@@ -129,9 +129,9 @@ async def _events_until(
         await asyncio.sleep(0.05)
 
 
-def _video(session: WhipSession) -> Any:
-    assert session.runtime is not None
-    return session.runtime.stats()["decode-video"]
+def _video(session: LiveSession) -> Any:
+    assert session.supervisor is not None
+    return session.supervisor.stats()["decode-video"]
 
 
 def _start_push(server: TestServer, path: Path, **kwargs: Any) -> asyncio.Future[PushResult]:
@@ -158,7 +158,7 @@ async def test_fixture_clip_is_decoded_analyzed_and_thumbnailed(
     manager: SessionManager = server.app[SESSIONS_KEY]
     timeline: Timeline = server.app[TIMELINE_KEY]
     seen: dict[str, Any] = {}
-    holder: list[WhipSession] = []
+    holder: list[LiveSession] = []
 
     def drained() -> None:
         # On the publisher thread, before its DELETE: a DELETE discards what is still
@@ -347,7 +347,7 @@ async def test_raising_processor_faults_the_session_and_releases_the_permit(
     figures = manager.budget.figures()
     assert (figures.bytes_reserved, figures.threads_reserved) == (0, 0)
     assert (figures.bytes_kept, figures.threads_kept) == (0, 0)
-    assert manager.totals["worker_faults"] == 1
+    assert manager.totals.worker_faults == 1
     assert not timeline.runs.is_pinned(session.run_id)
     assert not [t for t in threading.enumerate() if t.name.startswith("decode-")]
     # The publisher may see its peer go away mid-stream (ICMP port unreachable): fine.
@@ -382,7 +382,7 @@ async def test_hung_processor_is_a_forced_shutdown_and_others_are_still_served(
         assert figures.bytes_kept == session.permit.nbytes
         assert figures.threads_kept == session.permit.threads
         assert timeline.runs.is_pinned(session.run_id)
-        assert manager.totals["forced_shutdowns"] == 1
+        assert manager.totals.forced_shutdowns == 1
         hung = [t for t in threading.enumerate() if t.name.startswith("decode-video-")]
         assert len(hung) == 1 and hung[0].is_alive()
 

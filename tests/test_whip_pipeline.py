@@ -12,10 +12,10 @@ from aiohttp.test_utils import TestServer
 
 from tests.support.peers import ffmpeg_whip_push
 from tests.support.servers import make_config
-from whip.app import TIMELINE_KEY, create_app
+from whip.app import create_app
+from whip.appkeys import SESSIONS_KEY, TIMELINE_KEY
 from whip.cli import configure_ice
-from whip.routes_whip import SESSIONS_KEY
-from whip.sessions import SessionManager
+from whip.session_manager import SessionManager
 
 
 @pytest.fixture
@@ -34,8 +34,8 @@ async def test_ffmpeg_push_is_decoded_by_our_threads_not_aiortcs(server: TestSer
     seen: dict[str, object] = {}
     while not push.done() and loop.time() < deadline:  # bounded: sample while it streams
         live = manager.table.live()
-        if live and live[0].runtime is not None:
-            video = live[0].runtime.stats().get("decode-video")
+        if live and live[0].supervisor is not None:
+            video = live[0].supervisor.stats().get("decode-video")
             if video is not None and video.frames_decoded >= 30:
                 seen = {
                     "size": (video.width, video.height),

@@ -11,9 +11,8 @@ import pytest
 from aiohttp.test_utils import TestServer
 
 from tests.support.peers import AiortcPublisher
-from whip.app import TIMELINE_KEY
-from whip.routes_whip import SESSIONS_KEY
-from whip.sessions import SessionManager
+from whip.appkeys import SESSIONS_KEY, TIMELINE_KEY
+from whip.session_manager import SessionManager
 
 
 @pytest.fixture

@@ -10,8 +10,8 @@ import pytest
 from aiohttp.test_utils import TestServer
 
 from tests.support.peers import AiortcPublisher
-from whip.routes_whip import SESSIONS_KEY
-from whip.sessions import SessionManager
+from whip.appkeys import SESSIONS_KEY
+from whip.session_manager import SessionManager
 
 FRAG = "application/trickle-ice-sdpfrag"
 

@@ -32,6 +32,35 @@ from whip.errors import HttpError
 logger = logging.getLogger(__name__)
 
 
+ADMISSION_OUTCOMES = (
+    "accepted",
+    "stream_limit",
+    "budget",
+    "session_cap",
+    "bad_request",
+    "unauthorized",
+    "error",
+)
+"""``whip_admissions_total{outcome}`` label values: what became of each WHIP POST."""
+
+_OUTCOME_BY_CODE = {
+    "stream_limit": "stream_limit",
+    "stream_busy": "stream_limit",
+    "budget": "budget",
+    "session_cap": "session_cap",
+    "shutting_down": "session_cap",
+    "unauthorized": "unauthorized",
+    "forbidden": "unauthorized",
+}
+
+
+def admission_outcome(http_status: int, code: str) -> str:
+    """The :data:`ADMISSION_OUTCOMES` label of a refused POST."""
+    if code in _OUTCOME_BY_CODE:
+        return _OUTCOME_BY_CODE[code]
+    return "bad_request" if 400 <= http_status < 500 else "error"
+
+
 class StreamLimitError(HttpError):
     """The principal already holds its maximum of active runs."""
 

@@ -1,11 +1,23 @@
-"""The aiohttp application: state keys, startup and cleanup, routes.
+"""The aiohttp application: routes, and each resource's startup and cleanup.
 
-Startup order: the process-wide aiortc hook of :func:`whip.rtc.rate_counter.compact_rate_counters`,
-open the timeline (recovery, off the loop), the session manager, then the GC policy of
-:mod:`whip.gcpolicy` (``server.gc_young_threshold``, ``server.gc_freeze``). Cleanup runs
-in reverse: the heap is unfrozen and the threshold restored, live sessions are closed
-(``session_closed`` reason ``shutdown``, durable), then the timeline is flushed and
-closed. Cleanup failures are collected and logged, not swallowed silently.
+:func:`create_app` first checks the aiortc adapter (:func:`whip.rtc.compat.check_internals`;
+an upgraded stack refuses to start), then builds the routes; nothing is opened until the
+app starts. Every resource is its own cleanup context, entered in this order and exited
+in reverse; aiohttp exits only the ones that were entered, so a failure between opening
+the timeline and serving still closes the timeline (its writer thread and the data-dir
+lock), and collects the errors of every exit instead of stopping at the first:
+
+1. :func:`_rtc_process_hooks`: the process-wide aiortc hook
+   (:func:`whip.rtc.rate_counter.compact_rate_counters`; idempotent, nothing to undo).
+2. :func:`_timeline`: open the timeline (recovery, off the loop); cleanup flushes and
+   closes it.
+3. :func:`_sessions`: the session manager and the metrics collector; cleanup closes every
+   live session (``session_closed`` reason ``shutdown``, durable) before the timeline
+   closes.
+4. :func:`_gc_policy`: :mod:`whip.gcpolicy` (``server.gc_young_threshold``,
+   ``server.gc_freeze``); cleanup unfreezes the heap and restores the threshold.
+
+Each exit logs its own failure (one line) and re-raises it for aiohttp to collect.
 """
 
 from __future__ import annotations
@@ -18,22 +30,27 @@ from aiohttp import web
 
 from registry.timeline import Timeline, TimelineConfig
 from whip import metrics
+from whip.appkeys import (
+    AUTH_KEY,
+    CONFIG_KEY,
+    LIMITER_KEY,
+    SEAMS_KEY,
+    SESSIONS_KEY,
+    TIMELINE_KEY,
+)
 from whip.auth import Authenticator
 from whip.config import Config
 from whip.errors import NotReadyError
 from whip.gcpolicy import freeze_startup_heap, set_young_threshold
 from whip.middleware import error_middleware
-from whip.ratelimit import LIMITER_KEY, RequestLimiter
+from whip.ratelimit import RequestLimiter
 from whip.routes_api import add_api_routes
-from whip.routes_whip import AUTH_KEY, SESSIONS_KEY, add_routes
+from whip.routes_whip import add_routes
 from whip.rtc.compat import check_internals
 from whip.rtc.rate_counter import compact_rate_counters
-from whip.sessions import SessionManager
+from whip.session_manager import SessionManager, SessionSeams
 
 logger = logging.getLogger(__name__)
-
-CONFIG_KEY = web.AppKey("config", Config)
-TIMELINE_KEY = web.AppKey("timeline", Timeline)
 
 
 async def healthz(request: web.Request) -> web.Response:
@@ -71,38 +88,52 @@ def timeline_config(config: Config) -> TimelineConfig:
     )
 
 
-async def _lifecycle(app: web.Application) -> AsyncIterator[None]:
-    config = app[CONFIG_KEY]
+async def _rtc_process_hooks(app: web.Application) -> AsyncIterator[None]:
     compact_rate_counters()
-    timeline = await asyncio.to_thread(Timeline.open, timeline_config(config))
+    yield
+
+
+async def _timeline(app: web.Application) -> AsyncIterator[None]:
+    """Cancellation: an open cancelled half-way finishes on its thread; the lock it
+    took is released when the process exits."""
+    timeline = await asyncio.to_thread(Timeline.open, timeline_config(app[CONFIG_KEY]))
     app[TIMELINE_KEY] = timeline
-    manager = SessionManager(config, timeline)
+    yield
+    try:
+        await timeline.aclose()
+    except Exception as exc:
+        logger.error("cleanup: the timeline did not close cleanly: %r", exc)
+        raise
+
+
+async def _sessions(app: web.Application) -> AsyncIterator[None]:
+    manager = SessionManager(app[CONFIG_KEY], app[TIMELINE_KEY], app[SEAMS_KEY])
     app[SESSIONS_KEY] = manager
-    metrics.install(app, manager, timeline)
-    restore_threshold = set_young_threshold(config.server.gc_young_threshold)
-    unfreeze = freeze_startup_heap() if config.server.gc_freeze else None
+    metrics.install(app, manager, app[TIMELINE_KEY])
+    yield
+    try:
+        await manager.shutdown()
+    except Exception as exc:
+        logger.error("cleanup: session shutdown failed: %r", exc)
+        raise
+
+
+async def _gc_policy(app: web.Application) -> AsyncIterator[None]:
+    server = app[CONFIG_KEY].server
+    restore_threshold = set_young_threshold(server.gc_young_threshold)
+    unfreeze = freeze_startup_heap() if server.gc_freeze else None
     yield
     if unfreeze is not None:
         unfreeze()
     restore_threshold()
-    errors: list[BaseException] = []
-    try:
-        await manager.shutdown()
-    except Exception as exc:
-        errors.append(exc)
-    try:
-        await timeline.aclose()
-    except Exception as exc:
-        errors.append(exc)
-    for error in errors:
-        logger.error("cleanup failed: %r", error)
 
 
-def create_app(config: Config) -> web.Application:
-    """Build the application; nothing is opened until it starts.
+def create_app(config: Config, *, seams: SessionSeams | None = None) -> web.Application:
+    """Build the application; nothing is opened until it starts (module doc).
 
     Raises :class:`whip.rtc.compat.IncompatibleAiortcError` first when the installed
     aiortc stack is not the one the adapter was verified against (or an internal moved).
+    ``seams``: what the session manager uses instead of its production parts (tests).
 
     Connection limits (``handler_args``): the request line and each header field are
     capped at ``limits.max_header_bytes`` (aiohttp itself answers 400, plain text, before
@@ -121,10 +152,12 @@ def create_app(config: Config) -> web.Application:
         middlewares=[error_middleware], client_max_size=64 * 1024, handler_args=handler_args
     )
     app[CONFIG_KEY] = config
+    app[SEAMS_KEY] = seams or SessionSeams()
     auth = Authenticator.from_config(config)
     app[AUTH_KEY] = auth
     app[LIMITER_KEY] = RequestLimiter(limits, auth)
-    app.cleanup_ctx.append(_lifecycle)
+    for context in (_rtc_process_hooks, _timeline, _sessions, _gc_policy):
+        app.cleanup_ctx.append(context)
     app.router.add_get("/healthz", healthz)
     app.router.add_get("/readyz", readyz)
     app.router.add_get("/metrics", metrics.metrics)

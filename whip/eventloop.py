@@ -3,9 +3,8 @@
 ``uvloop`` (the default) is libuv's loop for asyncio: the same asyncio API, with the
 loop's own machinery (``call_soon``, handles, the ready queue, socket I/O) in C instead
 of Python. That machinery is a large share of an append's CPU: every durable append
-wakes its producer task through ``call_soon``. Measured with 256 producers
-(``bench/wal.py``, one run, medians of 3): 99k appends/s on asyncio's loop, 107k on
-uvloop (~9.1 vs ~8.0 us of CPU per append). ``asyncio`` keeps the standard library's
+wakes its producer task through ``call_soon``, so uvloop makes appends cheaper (figures:
+``docs/PERFORMANCE.md``, "Event loop"). ``asyncio`` keeps the standard library's
 loop (for debugging, or a platform without uvloop). The test suite runs on the
 configured default (tests/conftest.py), so what is tested is what is served.
 """

@@ -9,9 +9,9 @@ interpreter's 700): the hot paths allocate a few GC-tracked objects each (an app
 coroutine, future and queue tuple; the writer: the :class:`~registry.events.Event`),
 so with 700 a young collection runs every ~100 appends, and the events that stay in the
 warm tails are promoted until a full collection scans all of them (~28 ms with 65k warm
-events). Measured with 256 producers (``bench/wal.py``): 14.9 -> 12.8 us of CPU per
-append, the same as with the collector disabled; a young collection of 10,000 objects
-takes ~1 ms. Cyclic garbage waits a little longer to be found; nothing else changes.
+events), and a young collection of 10,000 objects stays short. What it is worth is in
+``docs/PERFORMANCE.md`` ("Garbage collection"). Cyclic garbage waits a little longer to
+be found; nothing else changes.
 """
 
 from __future__ import annotations
@@ -42,8 +42,8 @@ def freeze_startup_heap() -> Callable[[], None]:
     Why: a full collection scans every tracked object and holds the event loop while it
     does (~0.5 us per object here). What start-up allocated (modules: aiortc, PyAV,
     aiohttp; the recovered registry) lives as long as the process; frozen, it is never
-    scanned again. Measured in the 500-POST burst: the one full collection went from
-    70-225 ms to 17-50 ms. Objects frozen here that later become cyclic garbage are
+    scanned again (the burst figures: ``docs/PERFORMANCE.md``). Objects frozen here that
+    later become cyclic garbage are
     reclaimed only after the undo (at cleanup). Blocking (one full collection): called
     before the server listens.
     """

@@ -2,7 +2,7 @@
 
 Nothing is incremented on hot paths for this module: gauges are read from the live
 objects (session table, budget, WAL queue, snapshot), counters from the totals the
-owners already keep (:class:`~whip.sessions.SessionManager` ``totals``/``admissions``,
+owners already keep (:class:`~whip.session_manager.SessionManager` ``totals``/``admissions``,
 the WAL's :class:`~registry.wal.WalStats`, the timeline's ``event_counts``), histograms
 from :class:`registry.histogram.Histogram`. Each app has its own ``CollectorRegistry``
 (tests run several apps in one process). Per-session series exist only for live
@@ -25,9 +25,11 @@ from prometheus_client.registry import Collector
 
 from registry.histogram import Histogram
 from registry.timeline import Timeline
-from whip.ratelimit import LIMITER_KEY, RequestLimiter
-from whip.session_stats import SessionStats, session_stats
-from whip.sessions import ADMISSION_OUTCOMES, SessionManager
+from whip.admission import ADMISSION_OUTCOMES
+from whip.appkeys import LIMITER_KEY, METRICS_KEY, REGISTRY_KEY
+from whip.live_stats import SessionFigures, read_figures
+from whip.ratelimit import RequestLimiter
+from whip.session_manager import SessionManager
 
 PREFIX = "whip_"
 
@@ -54,7 +56,7 @@ class ServerCollector(Collector):
         self.manager = manager
         self.timeline = timeline
         self.limiter = limiter
-        self.live: list[SessionStats] = []
+        self.live: list[SessionFigures] = []
 
     def collect(self) -> Iterator[Metric]:
         yield from self._gauges()
@@ -115,34 +117,34 @@ class ServerCollector(Collector):
             (
                 "frames_decoded",
                 "decoded frames",
-                totals["frames_decoded"] + sum(s.frames_decoded() for s in live),
+                totals.frames_decoded + sum(s.frames_decoded for s in live),
             ),
             (
                 "frames_dropped",
                 "encoded frames dropped by full intakes",
-                totals["frames_dropped"] + sum(s.frames_dropped for s in live),
+                totals.frames_dropped + sum(s.frames_dropped for s in live),
             ),
             (
                 "frames_oversized",
                 "encoded frames dropped for exceeding the payload limit",
-                totals["frames_oversized"] + sum(s.frames_oversized for s in live),
+                totals.frames_oversized + sum(s.frames_oversized for s in live),
             ),
             (
                 "decode_errors",
                 "decode errors",
-                totals["decode_errors"] + sum(s.decode_errors() for s in live),
+                totals.decode_errors + sum(s.decode_errors for s in live),
             ),
             (
                 "inbound_bytes",
                 "encoded media bytes received",
-                totals["inbound_bytes"] + sum(s.bytes_in for s in live),
+                totals.inbound_bytes + sum(s.bytes_in for s in live),
             ),
             (
                 "rtp_packets_lost",
                 "RTP packets lost (receiver reports)",
-                totals["rtp_packets_lost"] + sum(s.packets_lost for s in live),
+                totals.rtp_packets_lost + sum(s.packets_lost for s in live),
             ),
-            ("worker_faults", "decode worker faults", totals["worker_faults"]),
+            ("worker_faults", "decode worker faults", totals.worker_faults),
             (
                 "requests_rate_limited",
                 "requests answered 429",
@@ -156,7 +158,7 @@ class ServerCollector(Collector):
             (
                 "forced_shutdowns",
                 "sessions whose workers missed the join deadline",
-                totals["forced_shutdowns"],
+                totals.forced_shutdowns,
             ),
         ):
             yield CounterMetricFamily(PREFIX + name, doc, value=value)
@@ -165,7 +167,7 @@ class ServerCollector(Collector):
             "datagrams and RTP packets that never reached a frame, by reason",
             labels=["reason"],
         )
-        for reason, count in manager.rtp_discarded.items():
+        for reason, count in totals.rtp_discarded.items():
             discarded.add_metric([reason], count + sum(s.rtp_discarded[reason] for s in live))
         yield discarded
 
@@ -215,7 +217,7 @@ class ServerCollector(Collector):
         for s in self.live:
             key = [s.session_id, s.run_id, s.principal]
             families["session_bytes_in"].add_metric(key, s.bytes_in)
-            families["session_frames_decoded"].add_metric(key, s.frames_decoded())
+            families["session_frames_decoded"].add_metric(key, s.frames_decoded)
             families["session_frames_dropped"].add_metric(key, s.frames_dropped)
             families["session_packets_lost"].add_metric(key, s.packets_lost)
             families["session_frames_oversized"].add_metric(key, s.frames_oversized)
@@ -224,10 +226,6 @@ class ServerCollector(Collector):
                 discarded.add_metric([*key, reason], count)
         yield from families.values()
         yield discarded
-
-
-METRICS_KEY = web.AppKey("metrics", ServerCollector)
-REGISTRY_KEY = web.AppKey("metrics_registry", CollectorRegistry)
 
 
 def install(app: web.Application, manager: SessionManager, timeline: Timeline) -> None:
@@ -242,6 +240,6 @@ def install(app: web.Application, manager: SessionManager, timeline: Timeline) -
 async def metrics(request: web.Request) -> web.Response:
     """Prometheus text format (version 0.0.4)."""
     collector = request.app[METRICS_KEY]
-    collector.live = [await session_stats(s) for s in collector.manager.table.live()]
+    collector.live = [await read_figures(s) for s in collector.manager.table.live()]
     body = generate_latest(request.app[REGISTRY_KEY])
     return web.Response(body=body, headers={"Content-Type": "text/plain; version=0.0.4"})

@@ -50,6 +50,7 @@ from dataclasses import dataclass
 
 from aiohttp import web
 
+from whip.appkeys import LIMITER_KEY
 from whip.auth import Authenticator
 from whip.config import LimitsConfig
 from whip.errors import HttpError
@@ -236,9 +237,6 @@ class RequestLimiter:
             )
         for buckets, key in charges:
             buckets.take(key, now)
-
-
-LIMITER_KEY = web.AppKey("request_limiter", RequestLimiter)
 
 
 PREBUFFER_MAX_BYTES = 64 * 1024

@@ -16,17 +16,20 @@
 from __future__ import annotations
 
 import logging
-import re
 import time
 
 from aiohttp import web
 from aiortc import sdp as aiortc_sdp
 
 from registry.errors import RegistryError
-from whip.auth import Authenticator, Principal, Role
+from whip.admission import admission_outcome
+from whip.appkeys import AUTH_KEY, SESSIONS_KEY
+from whip.auth import Principal, Role
 from whip.cors import add_cors
 from whip.errors import HttpError, NotFoundError
+from whip.live_session import CloseReason
 from whip.middleware import json_error_prepare
+from whip.names import STREAM_RULE, is_session_id, is_stream_name
 from whip.ratelimit import guarded
 from whip.sdp import (
     SdpTooLargeError,
@@ -34,18 +37,10 @@ from whip.sdp import (
     check_content_type,
     check_offer,
 )
-from whip.session import CloseReason
-from whip.sessions import SessionManager, admission_outcome
 from whip.trickle import CONTENT_TYPE as TRICKLE_CONTENT_TYPE
 from whip.trickle import MAX_FRAGMENT_BYTES, FragmentTooLargeError, parse_fragment
 
 logger = logging.getLogger(__name__)
-
-AUTH_KEY = web.AppKey("auth", Authenticator)
-SESSIONS_KEY = web.AppKey("sessions", SessionManager)
-
-_STREAM = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
-_SESSION_ID = re.compile(r"s_[A-Za-z0-9_-]{22}")
 
 
 _cors = add_cors
@@ -81,8 +76,8 @@ def _check_aiortc_parses(offer: str) -> None:
     The parser raises on offers :func:`whip.sdp.check_offer` accepts (an ``a=fmtp`` for
     a payload type with no ``a=rtpmap`` ends in ``StopIteration``, ...), and would do so
     inside the session transaction, after resources were taken. The offer is parsed
-    again by ``setRemoteDescription`` (aiortc takes no parsed form): 50-130 us for a
-    typical encoder offer, ~0.8 ms for a browser's many-codec one, measured.
+    again by ``setRemoteDescription`` (aiortc takes no parsed form); the cost of parsing
+    twice is small (``docs/PERFORMANCE.md``, "SDP").
     """
     try:
         aiortc_sdp.SessionDescription.parse(offer)
@@ -112,8 +107,8 @@ async def _post_whip(request: web.Request) -> web.StreamResponse:
     posted_at = time.monotonic()
     principal = _principal(request)
     stream = request.match_info.get("stream", "")
-    if stream and (not _STREAM.fullmatch(stream) or stream == "sessions"):
-        raise HttpError("stream names are 1-64 chars of [A-Za-z0-9_.-]", code="bad_stream")
+    if stream and (not is_stream_name(stream) or stream == "sessions"):
+        raise HttpError(f"stream names are {STREAM_RULE}", code="bad_stream")
     check_content_type(request.headers.get("Content-Type"))
     manager = request.app[SESSIONS_KEY]
     limit = manager.config.limits.sdp_max_bytes
@@ -155,7 +150,7 @@ async def delete_session(request: web.Request) -> web.StreamResponse:
     principal = _principal(request)
     session_id = request.match_info["session_id"]
     manager = request.app[SESSIONS_KEY]
-    session = manager.table.get(session_id) if _SESSION_ID.fullmatch(session_id) else None
+    session = manager.table.get(session_id) if is_session_id(session_id) else None
     if session is not None and (principal.is_operator or session.principal == principal.name):
         await manager.close(session, CloseReason.DELETED)
         return _cors(request, web.Response(status=200))
@@ -175,7 +170,7 @@ async def patch_session(request: web.Request) -> web.StreamResponse:
     principal = _principal(request)
     session_id = request.match_info["session_id"]
     manager = request.app[SESSIONS_KEY]
-    session = manager.table.get(session_id) if _SESSION_ID.fullmatch(session_id) else None
+    session = manager.table.get(session_id) if is_session_id(session_id) else None
     if session is None or not (principal.is_operator or session.principal == principal.name):
         raise NotFoundError("session")
     content_type = request.headers.get("Content-Type", "").split(";")[0].strip().lower()

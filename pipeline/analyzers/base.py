@@ -64,14 +64,12 @@ def small_luma(frame: av.VideoFrame, reformatter: VideoReformatter) -> npt.NDArr
     frame's plane, read in place (no copy, no float conversion: the analyzers do their
     sums in integers and scale the one number they keep).
 
-    Cost, measured on a 720p decode worker right after the decode (caches cold): about
-    0.11 ms per frame for swscale's filter (about one multiply-add per source pixel),
-    then some microseconds per numpy or PyAV call, which is why there are few of them.
-    Reading only some rows (a strided view of the luma plane) would roughly halve
-    swscale's part but makes vertical motion alias: a sharp edge scrolling one row per
-    frame then moves the sampled mean in steps, and the scene score of such a picture
-    rose from 0.01 to 0.09 (every 2nd row) and 0.16 (every 4th) at the 95th percentile,
-    eating into the 0.4 threshold; so every row is read.
+    Cost: swscale's filter is about one multiply-add per source pixel, then each numpy or
+    PyAV call costs microseconds, which is why there are few of them (figures:
+    ``docs/PERFORMANCE.md``, "Analyzers"). Reading only some rows (a strided view of the
+    luma plane) would roughly halve swscale's part but makes vertical motion alias: a
+    sharp edge scrolling one row per frame then moves the sampled mean in steps and the
+    scene score of such a picture rises towards the 0.4 threshold; so every row is read.
     """
     last = getattr(_last_luma, "value", None)
     if last is not None and last[0] is frame:

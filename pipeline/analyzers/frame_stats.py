@@ -204,6 +204,13 @@ class FrameStats:
         bitrate = round((last.bytes_in - first.bytes_in) * 8 / span)
         return decoded, encoded, bitrate, span
 
+    def fps_and_bitrate(self) -> tuple[float, int, float]:
+        """``(fps, bitrate_bps, window_s)``: the one definition of a track's ``fps`` and
+        ``bitrate_bps`` (module doc), as the ``stats`` events and ``GET /v1/sessions``
+        report them. ``window_s`` 0.0 means not measurable yet (under two frames)."""
+        decoded_fps, encoded_fps, bitrate, span = self.rates()
+        return (encoded_fps if self.keyframes_only else decoded_fps), bitrate, span
+
     def snapshot(self) -> dict[str, object]:
         """The ``stats`` data now (any thread): counters live, rates as of the last frame.
 
@@ -213,6 +220,7 @@ class FrameStats:
         (width/height are None for audio, sample_rate/channels None for video).
         """
         decoded_fps, encoded_fps, bitrate, span = self.rates()
+        fps = encoded_fps if self.keyframes_only else decoded_fps
         intake = self._intake_stats()
         decode = self._decode_stats()
         with self._lock:
@@ -235,7 +243,7 @@ class FrameStats:
             "decode_errors": decode.decode_errors if decode is not None else 0,
             "keyframes": intake.keyframes if intake is not None else keyframes_decoded,
             "keyframes_decoded": keyframes_decoded,
-            "fps": round(encoded_fps if self.keyframes_only else decoded_fps, 2),
+            "fps": round(fps, 2),
             "decoded_fps": round(decoded_fps, 2),
             "encoded_fps": round(encoded_fps, 2),
             "bitrate_bps": bitrate,

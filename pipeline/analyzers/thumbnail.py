@@ -4,7 +4,7 @@ Runs on the video decode worker thread: the first decoded frame is encoded at on
 then one frame every ``interval_s`` of decode time (0: never). Encoding is FFmpeg's
 ``mjpeg`` encoder at a fixed quantizer (``quality``, 2 best .. 31 worst; FFmpeg's
 ``-q:v``), ``yuvj420p``, at the frame's size capped to ``max_width`` (aspect kept, even
-dimensions); a 640x360 thumbnail costs about a millisecond and 20-60 KB.
+dimensions); what one costs is in ``docs/PERFORMANCE.md`` ("Analyzers").
 
 The latest JPEG is kept in memory (:meth:`Thumbnailer.latest`, any thread) and, with a
 ``directory``, written to ``<directory>/<name>.jpg`` by a temporary file in the same

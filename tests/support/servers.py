@@ -15,9 +15,11 @@ from aiohttp.test_utils import TestServer
 from registry.events import Event
 from registry.timeline import Timeline
 from tests.support.peers import AiortcPublisher
-from whip.app import TIMELINE_KEY, create_app
+from whip.app import create_app
+from whip.appkeys import TIMELINE_KEY
 from whip.cli import configure_ice
 from whip.config import Config, build_config
+from whip.session_manager import SessionSeams
 
 
 def make_config(
@@ -41,12 +43,17 @@ class ServerPool:
         self.servers: list[TestServer] = []
 
     async def start(
-        self, principals: list[dict[str, str]] | None = None, **overrides: Any
+        self,
+        principals: list[dict[str, str]] | None = None,
+        *,
+        seams: SessionSeams | None = None,
+        **overrides: Any,
     ) -> TestServer:
-        """A started server (``section__key`` overrides, optional principals)."""
+        """A started server (``section__key`` overrides, optional principals, the
+        session manager's injected parts)."""
         config = make_config(self.root / f"s{len(self.servers)}", principals, **overrides)
         configure_ice(config)
-        server = TestServer(create_app(config), host="127.0.0.1")
+        server = TestServer(create_app(config, seams=seams), host="127.0.0.1")
         await server.start_server()
         self.servers.append(server)
         return server

@@ -29,7 +29,8 @@ Authenticated RTP (after SRTP unprotect) that aiortc would drop without a trace:
   corrupt packet), past about 56 it no longer fits an SRTCP packet: the ``ValueError``
   kills the receiver's RTCP task, after which ``RTCRtpReceiver.stop()`` waits forever, so the peer
   connection never closes and the session's close never finishes (its media permit and
-  decode threads leak). Measured on aiortc 1.16.0: 80 SSRCs, one packet each, did it.
+  decode threads leak). On aiortc 1.16.0, 80 SSRCs of one packet each did it
+  (``tests/test_hostile_media.py`` sends them).
 - ``rtp_malformed``: a payload the depayloader rejects (an H.264 NAL type aiortc does
   not support, a truncated STAP-A, a short VP8 descriptor). aiortc drops the packet
   before its jitter buffer, which leaves a hole there: that track's frames stall until
@@ -38,9 +39,9 @@ Authenticated RTP (after SRTP unprotect) that aiortc would drop without a trace:
 NACK bookkeeping: aiortc's ``NackGenerator`` walks every sequence number of a forward
 jump one at a time (up to 32767 per packet), then keeps only the last
 ``RTP_HISTORY_SIZE`` (128). A sender whose sequence numbers jump by 32767 on every
-packet cost 14 ms of event loop per packet (measured): some 70 packets a second stalled
-the whole server. :class:`BoundedNackGenerator` skips the part that would be thrown
-away: same missing set, same answers, at most 128 steps.
+packet held the event loop for milliseconds per packet (``docs/PERFORMANCE.md``, "Hostile
+RTP"): a few dozen packets a second stalled the whole server. :class:`BoundedNackGenerator`
+skips the part that would be thrown away: same missing set, same answers, at most 128 steps.
 
 aiortc private names touched (:func:`internals_problems` verifies each; the one start-up
 check includes it):

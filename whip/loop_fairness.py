@@ -1,9 +1,9 @@
-"""Turns and leases: CPU-heavy request steps share the event loop with everything else.
+"""Loop fairness: CPU-heavy request steps take turns so the event loop stays responsive.
 
 One event-loop iteration runs every callback that was ready when it started, then polls
 for I/O. A burst of requests whose heavy steps are all ready at once makes that iteration
-as long as all of them together (500 SDP checks: ~125 ms; the first steps of 150
-negotiations: ~200 ms), and every other request (``/healthz``) waits for it to end.
+as long as all of them together (``docs/PERFORMANCE.md``, "Loop fairness"), and every
+other request (``/healthz``) waits for it to end.
 
 - :class:`TurnGate` hands out at most ``per_turn`` turns per iteration, for one heavy
   synchronous step each. A turn starts when :meth:`TurnGate.turn` returns and ends when

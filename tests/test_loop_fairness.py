@@ -1,8 +1,8 @@
 """A burst of POSTs shares the event loop: SDP checks take turns, negotiations are gated.
 
-- :class:`whip.turns.TurnGate`: at most ``per_turn`` grants per loop iteration, in arrival
+- :class:`whip.loop_fairness.TurnGate`: at most ``per_turn`` grants per loop iteration, in arrival
   order; a waiter cancelled before its turn takes nothing.
-- :class:`whip.turns.LeaseGate`: at most ``size`` holders; a place held past its lease
+- :class:`whip.loop_fairness.LeaseGate`: at most ``size`` holders; a place held past its lease
   goes to the next waiter, and comes back exactly once.
 - ``POST /whip`` checks at most ``limits.sdp_checks_per_turn`` offers per iteration and
   runs at most ``limits.negotiation_concurrency`` negotiations at once; one that waits
@@ -27,9 +27,10 @@ from aiohttp.test_utils import TestServer
 
 import whip.routes_whip
 from tests.support.peers import AiortcPublisher
-from whip.routes_whip import SESSIONS_KEY
-from whip.sessions import SessionManager
-from whip.turns import LeaseGate, TurnGate
+from whip.appkeys import SESSIONS_KEY
+from whip.loop_fairness import LeaseGate, TurnGate
+from whip.negotiation import Negotiated, Negotiator
+from whip.session_manager import SessionManager, SessionSeams
 
 FIXTURES = Path(__file__).parent.parent / "fixtures"
 
@@ -181,30 +182,30 @@ async def posting(server: TestServer, offers: list[str]) -> AsyncIterator[list[a
 
 
 async def test_negotiations_in_flight_are_bounded(
-    whip_servers: Callable[..., Awaitable[TestServer]], monkeypatch: pytest.MonkeyPatch
+    whip_servers: Callable[..., Awaitable[TestServer]],
 ) -> None:
     gate = 2
+    in_flight = [0]
+    most = [0]
+
+    class CountingNegotiator(Negotiator):
+        async def negotiate(self, *args: Any) -> Negotiated:
+            in_flight[0] += 1
+            most[0] = max(most[0], in_flight[0])
+            try:
+                await asyncio.sleep(0.01)  # several loop iterations, well within the lease
+                return await super().negotiate(*args)
+            finally:
+                in_flight[0] -= 1
+
     server = await whip_servers(
+        seams=SessionSeams(negotiator=CountingNegotiator),
         limits__negotiation_concurrency=gate,
         limits__stream_limit=100,
         limits__rate_per_address_per_s=0,
         limits__rate_per_principal_per_s=0,
     )
     manager: SessionManager = server.app[SESSIONS_KEY]
-    in_flight = [0]
-    most = [0]
-    real_negotiate = SessionManager._negotiate
-
-    async def negotiate(self: SessionManager, *args: Any) -> Any:
-        in_flight[0] += 1
-        most[0] = max(most[0], in_flight[0])
-        try:
-            await asyncio.sleep(0.01)  # several loop iterations, well within the lease
-            return await real_negotiate(self, *args)
-        finally:
-            in_flight[0] -= 1
-
-    monkeypatch.setattr(SessionManager, "_negotiate", negotiate)
     publishers = [AiortcPublisher() for _ in range(8)]
     try:
         offers = await asyncio.gather(*(p.offer(audio=False) for p in publishers))
@@ -219,26 +220,26 @@ async def test_negotiations_in_flight_are_bounded(
 
 
 async def test_a_negotiation_that_waits_holds_nobody_up(
-    whip_servers: Callable[..., Awaitable[TestServer]], monkeypatch: pytest.MonkeyPatch
+    whip_servers: Callable[..., Awaitable[TestServer]],
 ) -> None:
+    stalled = asyncio.Event()
+    release = asyncio.Event()
+
+    class StallingNegotiator(Negotiator):
+        async def negotiate(self, *args: Any) -> Negotiated:
+            if not stalled.is_set():  # the first waits, like an mDNS candidate resolving
+                stalled.set()
+                await release.wait()
+            return await super().negotiate(*args)
+
     server = await whip_servers(
+        seams=SessionSeams(negotiator=StallingNegotiator),
         limits__negotiation_concurrency=1,
         limits__stream_limit=100,
         limits__rate_per_address_per_s=0,
         limits__rate_per_principal_per_s=0,
     )
     manager: SessionManager = server.app[SESSIONS_KEY]
-    stalled = asyncio.Event()
-    release = asyncio.Event()
-    real_negotiate = SessionManager._negotiate
-
-    async def negotiate(self: SessionManager, *args: Any) -> Any:
-        if not stalled.is_set():  # the first waits, like an mDNS candidate resolving
-            stalled.set()
-            await release.wait()
-        return await real_negotiate(self, *args)
-
-    monkeypatch.setattr(SessionManager, "_negotiate", negotiate)
     publishers = [AiortcPublisher() for _ in range(6)]
     answered = 0
     try:
