@@ -6,7 +6,8 @@ Rules:
   its default the default. ``RULES`` gives every key a description (the reference's),
   optional inclusive bounds ``lo``/``hi`` for numbers, and an optional value check
   (:mod:`whip.config.values`). Adding a key is adding a field and its rule: the layering,
-  the environment variable and the README reference follow from them.
+  its environment variable and the generated reference follow from them (the README's
+  copy of the reference is checked by ``tests/test_readme.py``).
 - Types a key may have: ``int``, ``float``, ``bool``, ``str``, ``Path``, a ``Literal`` of
   strings, :class:`IceServer`, or a ``tuple[...]`` of one of those (a list in TOML).
 - ``[[principals]]`` entries need exactly ``name``, ``role`` and ``token_sha256``: a name of
@@ -16,8 +17,8 @@ Rules:
 - Whole-config refusals (:func:`check_whole`): no principals while ``server.host`` is not
   loopback; fewer budget threads than one session's workers; a budget that cannot hold one
   audio+video session's queues; a WAL record larger than a segment.
-- Pure: nothing here reads a file or the environment (:mod:`whip.config.layers` and
-  :mod:`whip.config.load` do).
+- Pure: nothing here reads a file or the environment (:mod:`whip.config.load` reads the
+  file; the caller passes the environment in).
 """
 
 from __future__ import annotations
