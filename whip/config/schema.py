@@ -217,9 +217,9 @@ class PipelineConfig:
     decode: DecodeMode = "all"
     codec_threads: int = 1
     # 4096x2304 admits every 4K picture (3840x2160 UHD, 4096x2160 DCI, their portrait
-    # forms) and everything smaller, not 5K and up. Decoder memory per session, measured
-    # (H.264, one thread; reference pictures, outside the media permit): 1080p 12 MiB,
-    # 1440p 19 MiB, 2160p 40 MiB, 4320p (8K) 149 MiB, about 5 bytes a pixel.
+    # forms) and everything smaller, not 5K and up. The bound matters because decoder
+    # memory (reference pictures) grows with the picture and sits outside the media
+    # permit; the measured figures are in docs/OPERATIONS.md ("Known limits").
     max_pixels: int = 4096 * 2304
     join_deadline_s: float = 2.0
     drain_s: float = 0.5
