@@ -97,24 +97,22 @@ def test_publish_then_operate_on_the_run(server: str) -> None:
     try:
         # A bound, not a timing figure: each cli() call is a fresh interpreter (~1 s on a
         # loaded 2-core machine), and the publisher imports PyAV before it POSTs.
+        # The live session is looked for first: the push lasts 5 s, and on a loaded machine
+        # three cli() calls before this one could outlast it. Its run outlives it.
         deadline = time.monotonic() + 60
-        runs: list[dict[str, object]] = []
-        while not runs:  # bounded: the run appears once the push is admitted
-            assert time.monotonic() < deadline, "no run appeared"
-            listed = cli("runs", "ls", "--server", server, "--json")
-            assert listed.returncode == 0, listed.stderr
-            runs = json.loads(listed.stdout)["items"]
-            time.sleep(0.2)
-        (run,) = runs
-        run_id = str(run["id"])
-        assert run["stream"] == "cli-test"
-        table = cli("runs", "ls", "--server", server)
-        assert run_id in table.stdout and "STATE" in table.stdout
         live: list[str] = []
         while not live:  # bounded: run_created is durable just before the session exists
             assert time.monotonic() < deadline, "no live session appeared"
             sessions = cli("sessions", "--server", server, "--json")
             live = [s["run_id"] for s in json.loads(sessions.stdout)["items"]]
+        listed = cli("runs", "ls", "--server", server, "--json")
+        assert listed.returncode == 0, listed.stderr
+        runs: list[dict[str, object]] = json.loads(listed.stdout)["items"]
+        (run,) = runs
+        run_id = str(run["id"])
+        assert run["stream"] == "cli-test"
+        table = cli("runs", "ls", "--server", server)
+        assert run_id in table.stdout and "STATE" in table.stdout
         assert live == [run_id]
         # --follow streams until the session closes (the publisher ends after 5 s).
         follow = cli("runs", "events", run_id, "--follow", "--json", "--server", server)
