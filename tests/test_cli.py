@@ -13,10 +13,12 @@ import time
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from tests.support.servers import serve_argv
+from whip.config import LimitsConfig
 
 PYTHON = sys.executable
 
@@ -95,24 +97,22 @@ def test_publish_then_operate_on_the_run(server: str) -> None:
     try:
         # A bound, not a timing figure: each cli() call is a fresh interpreter (~1 s on a
         # loaded 2-core machine), and the publisher imports PyAV before it POSTs.
+        # The live session is looked for first: the push lasts 5 s, and on a loaded machine
+        # three cli() calls before this one could outlast it. Its run outlives it.
         deadline = time.monotonic() + 60
-        runs: list[dict[str, object]] = []
-        while not runs:  # bounded: the run appears once the push is admitted
-            assert time.monotonic() < deadline, "no run appeared"
-            listed = cli("runs", "ls", "--server", server, "--json")
-            assert listed.returncode == 0, listed.stderr
-            runs = json.loads(listed.stdout)["items"]
-            time.sleep(0.2)
-        (run,) = runs
-        run_id = str(run["id"])
-        assert run["stream"] == "cli-test"
-        table = cli("runs", "ls", "--server", server)
-        assert run_id in table.stdout and "STATE" in table.stdout
         live: list[str] = []
         while not live:  # bounded: run_created is durable just before the session exists
             assert time.monotonic() < deadline, "no live session appeared"
             sessions = cli("sessions", "--server", server, "--json")
             live = [s["run_id"] for s in json.loads(sessions.stdout)["items"]]
+        listed = cli("runs", "ls", "--server", server, "--json")
+        assert listed.returncode == 0, listed.stderr
+        runs: list[dict[str, object]] = json.loads(listed.stdout)["items"]
+        (run,) = runs
+        run_id = str(run["id"])
+        assert run["stream"] == "cli-test"
+        table = cli("runs", "ls", "--server", server)
+        assert run_id in table.stdout and "STATE" in table.stdout
         assert live == [run_id]
         # --follow streams until the session closes (the publisher ends after 5 s).
         follow = cli("runs", "events", run_id, "--follow", "--json", "--server", server)
@@ -139,28 +139,78 @@ def test_publish_then_operate_on_the_run(server: str) -> None:
     assert missing.returncode == 1 and "404" in missing.stderr
 
 
-def test_ctrl_c_on_publish_deletes_the_session(server: str) -> None:
+def _get_json(url: str, timeout_s: float = 10) -> Any:
+    with urllib.request.urlopen(url, timeout=timeout_s) as answer:
+        return json.loads(answer.read())
+
+
+def _session_run_id(
+    server: str, stream: str, publisher: subprocess.Popen[str], bound_s: float
+) -> str:
+    """The run id of the live session on ``stream``, once it is listed (bounded; fails at
+    once if the publisher exits first)."""
+    deadline = time.monotonic() + bound_s
+    while True:
+        assert publisher.poll() is None, f"publisher exited {publisher.returncode}"
+        items = _get_json(f"{server}/v1/sessions")["items"]
+        runs = [str(item["run_id"]) for item in items if item["stream"] == stream]
+        if runs:
+            (run_id,) = runs
+            return run_id
+        assert time.monotonic() < deadline, f"no session on {stream} within {bound_s} s"
+        time.sleep(0.1)  # the list cannot be long-polled: re-ask
+
+
+def _event(server: str, run_id: str, etype: str, bound_s: float) -> dict[str, Any]:
+    """The run's first ``etype`` event, long-polling its timeline (bounded)."""
+    after = 0
+    deadline = time.monotonic() + bound_s
+    while (remaining := deadline - time.monotonic()) > 0:
+        wait_s = min(remaining, 30)
+        url = f"{server}/v1/runs/{run_id}/events?after={after}&wait={wait_s:.2f}"
+        for event in _get_json(url, timeout_s=wait_s + 10)["items"]:
+            if event["type"] == etype:
+                return dict(event)
+            after = int(event["seq"])
+    raise AssertionError(f"no {etype} for {run_id} within {bound_s} s")
+
+
+@pytest.mark.parametrize(
+    ("stop", "status"),
+    [(signal.SIGINT, 130), (signal.SIGTERM, 143)],
+    ids=["SIGINT", "SIGTERM"],
+)
+def test_a_stop_signal_on_publish_deletes_the_session(
+    server: str, stop: signal.Signals, status: int
+) -> None:
+    """SIGTERM (a service manager, ``timeout``, a container stop) ends a push exactly as
+    Ctrl-C does: the publisher DELETEs its session URL, so the run records
+    ``session_closed{deleted}`` long before the reclaimer could (it would say
+    ``peer_gone``, ``reclaim_after_s`` after the media stopped), and exits 128 + signal."""
+    stream = f"stop-{stop.name.lower()}"
     publisher = subprocess.Popen(
-        [PYTHON, "-m", "whip", "publish", "--test-pattern", f"{server}/whip/interrupt"],
+        [PYTHON, "-m", "whip", "publish", "--test-pattern", f"{server}/whip/{stream}"],
         stderr=subprocess.PIPE,
         text=True,
     )
     try:
-        # A bound, not a timing figure: each cli() call is a fresh interpreter (~1 s on a
-        # loaded 2-core machine), and the publisher imports PyAV before it POSTs.
-        deadline = time.monotonic() + 60
-        run_id = ""
-        while not run_id:  # bounded
-            assert time.monotonic() < deadline
-            items = json.loads(cli("sessions", "--server", server, "--json").stdout)["items"]
-            run_id = str(items[0]["run_id"]) if items else ""
-            time.sleep(0.2)
-        publisher.send_signal(signal.SIGINT)
-        assert publisher.wait(20) == 130
+        # Bounds, not timing figures: the publisher imports PyAV before it POSTs (seconds
+        # on a loaded 2-core machine).
+        run_id = _session_run_id(server, stream, publisher, bound_s=60)
+        _event(server, run_id, "first_frame", bound_s=30)  # the push loop is running
+        signalled_ms = time.time() * 1000
+        publisher.send_signal(stop)
+        _, progress = publisher.communicate(timeout=20)
+        assert publisher.returncode == status, progress
+        assert f"stopped by {stop.name}: session deleted" in progress
     finally:
         if publisher.poll() is None:
             publisher.kill()
         publisher.communicate()
+    closed = _event(server, run_id, "session_closed", bound_s=10)
+    assert closed["data"]["reason"] == "deleted"
+    reclaim_ms = LimitsConfig().reclaim_after_s * 1000
+    assert closed["ts_ms"] - signalled_ms < reclaim_ms / 3
     events = cli("runs", "events", run_id, "--json", "--server", server)
     closes = [json.loads(line) for line in events.stdout.splitlines()]
     reasons = [e["data"]["reason"] for e in closes if e["type"] == "session_closed"]

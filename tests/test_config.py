@@ -1,4 +1,5 @@
-"""whip.config: defaults, layering (file < environment < flags), validation, reference."""
+"""whip.config through its public surface: defaults, layering (file < environment < flags),
+validation, reference."""
 
 from __future__ import annotations
 

@@ -2,7 +2,8 @@
 
 Human-readable tables by default, ``--json`` for scripts (one JSON document, or one
 event per line for ``events --follow``). Exit status: 0 ok, 1 the server refused
-(the error code is printed), 2 bad usage, 130 interrupted.
+(the error code is printed), 2 bad usage, 130 interrupted (SIGINT); ``publish`` stopped
+by a signal exits 128 + its number (130 SIGINT, 143 SIGTERM) after deleting its session.
 """
 
 from __future__ import annotations
@@ -164,17 +165,22 @@ def _publish(args: argparse.Namespace) -> int:
         return 2
     token = args.token or Target.from_args(None, None).token
     try:
-        publish(
+        progress = publish(
             url,
             source=Path(source) if source else None,
             token=token,
             loop=args.loop,
             duration_s=args.duration,
         )
-    except KeyboardInterrupt:
-        print("interrupted: session deleted", file=sys.stderr)
+    except KeyboardInterrupt:  # Ctrl-C before publish() took the stop signals: no session
+        print("interrupted", file=sys.stderr)
         return 130
     except OSError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1
+    if progress.stopped_by is not None:
+        # Bytes were sent only after the first mux's handshake, so a session existed.
+        outcome = "session deleted" if progress.bytes_sent else "no session was created"
+        print(f"stopped by {progress.stopped_by.name}: {outcome}", file=sys.stderr)
+        return 128 + progress.stopped_by.value
     return 0
