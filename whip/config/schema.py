@@ -46,6 +46,7 @@ from whip.config.values import (
 )
 from whip.eventloop import DEFAULT_EVENT_LOOP, EventLoopKind
 from whip.gcpolicy import DEFAULT_YOUNG_THRESHOLD
+from whip.names import PRINCIPAL_RULE, is_principal_name
 from whip.sdp import DEFAULT_MAX_BYTES as DEFAULT_SDP_MAX_BYTES
 
 Role = Literal["publisher", "operator"]
@@ -56,7 +57,7 @@ CorruptionPolicy = Literal["quarantine", "fail"]
 ANONYMOUS = "anonymous"
 KiB, MiB, GiB = 1 << 10, 1 << 20, 1 << 30
 
-_PRINCIPAL_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
+
 _SHA256_HEX = re.compile(r"[0-9a-fA-F]{64}")
 
 
@@ -367,8 +368,8 @@ def parse_principals(raw: object, source: str) -> tuple[PrincipalConfig, ...]:
         problem = None
         if set(entry) != set(PRINCIPAL_DOCS):
             problem = f"needs exactly the keys {', '.join(PRINCIPAL_DOCS)}, got {sorted(entry)}"
-        elif not isinstance(entry["name"], str) or not _PRINCIPAL_NAME.fullmatch(entry["name"]):
-            problem = "name must be 1-64 of A-Z a-z 0-9 . _ - (starting alphanumeric)"
+        elif not isinstance(entry["name"], str) or not is_principal_name(entry["name"]):
+            problem = f"name must be {PRINCIPAL_RULE}"
         elif entry["name"] == ANONYMOUS:
             problem = f"the name {ANONYMOUS!r} is reserved for anonymous mode"
         elif entry["role"] not in typing.get_args(Role):
