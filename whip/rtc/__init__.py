@@ -15,5 +15,7 @@ aiortc; :mod:`pipeline` imports no aiortc at all.
 - :mod:`whip.rtc.tap`: encoded frames to our bounded intake, not aiortc's decoder.
 - :mod:`whip.rtc.pli`: paced keyframe requests.
 - :mod:`whip.rtc.rtp_guard`: hostile RTP refused or bounded, and counted.
+- :mod:`whip.rtc.udp_mux_routes`: the one-port UDP mux's routing table (sans-IO), and
+  :mod:`whip.rtc.stun`, its bounded Binding request reader.
 - :mod:`whip.rtc.compat`: the tested versions and the one check.
 """
