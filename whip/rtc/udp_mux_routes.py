@@ -63,7 +63,7 @@ from collections import OrderedDict
 from collections.abc import Hashable
 from dataclasses import dataclass, fields
 
-from whip.rtc.stun import BindingRequest, StunFault, is_binding_request_type, read_binding_request
+from whip.rtc.stun import BINDING_REQUEST_TYPE, BindingRequest, StunFault, read_binding_request
 
 logger = logging.getLogger(__name__)
 
@@ -76,6 +76,8 @@ DEFAULT_MAX_ADDRESSES_PER_SESSION = 16
 
 class DropReason(enum.Enum):
     """Why :meth:`UdpMuxRoutes.route` routed nothing (the values are metric labels)."""
+
+    __hash__ = object.__hash__  # identity, as :class:`whip.rtc.stun.StunFault` says why
 
     OVERSIZE = "oversize"
     NOT_STUN = "not_stun"
@@ -90,6 +92,7 @@ class DropReason(enum.Enum):
 
 
 _FAULT_REASONS = {fault: DropReason[fault.name] for fault in StunFault}
+_DROP_COUNTERS = {reason: "dropped_" + reason.value for reason in DropReason}
 
 
 class UfragInUse(ValueError):
@@ -127,7 +130,7 @@ class UdpMuxCounters:
 
     def dropped(self, reason: DropReason) -> int:
         """Datagrams dropped for ``reason``."""
-        count: int = getattr(self, "dropped_" + reason.value)
+        count: int = getattr(self, _DROP_COUNTERS[reason])
         return count
 
     def dropped_total(self) -> int:
@@ -254,7 +257,7 @@ class UdpMuxRoutes[H: Hashable]:
         """The session ``datagram`` from ``addr`` belongs to: ``(handle, None)``, or
         ``(None, reason)`` when it is dropped (module rules). Never raises."""
         session = self._learned.get(addr)
-        if session is not None and not is_binding_request_type(datagram):
+        if session is not None and not datagram.startswith(BINDING_REQUEST_TYPE):
             self._learned.move_to_end(addr)
             session.addresses.move_to_end(addr)
             self.counters.routed_by_address += 1
@@ -325,6 +328,6 @@ class UdpMuxRoutes[H: Hashable]:
 
     def _drop(self, reason: DropReason) -> tuple[None, DropReason]:
         """Count a drop and answer it."""
-        name = "dropped_" + reason.value
+        name = _DROP_COUNTERS[reason]
         setattr(self.counters, name, getattr(self.counters, name) + 1)
         return self._dropped[reason]
