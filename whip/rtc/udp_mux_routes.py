@@ -44,7 +44,7 @@ Rules:
   (``max_addresses_per_session``, default 16) and in total (``max_addresses``, default
   4096): learning beyond a cap evicts the least recently used address (of that session
   for its cap, of anyone for the total cap). Every routed datagram refreshes its
-  address's recency, so a live media path is never the one evicted; a storm of verified
+  address's recency, so a live media path is the last to be evicted; a storm of verified
   requests from many ports (only a holder of a session's password can make one) evicts
   that session's own idle addresses first. Work per datagram from an unknown address is
   bounded by :mod:`whip.rtc.stun`'s reader plus at most one HMAC-SHA1.
@@ -214,7 +214,7 @@ class UdpMuxRoutes[H: Hashable]:
         else:
             del self._by_ufrag[session.ufrag]
             session.ufrag, session.key, session.remote_ufrag = ufrag_bytes, key, remote
-            logger.info("udp mux: %r credentials replaced (ICE restart)", handle)
+            logger.info("udp mux: %r ICE credentials replaced", handle)
         self._by_ufrag[ufrag_bytes] = session
 
     def unregister(self, handle: H) -> bool:
