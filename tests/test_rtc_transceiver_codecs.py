@@ -117,7 +117,8 @@ async def test_once_connected_a_payload_type_outside_the_plan_routes_nowhere(
     await publisher.setRemoteDescription(RTCSessionDescription(sdp=answer, type="answer"))
     await states.reached("connected")
     receiver = transceiver.receiver
-    assert receiver._RTCRtpReceiver__started, "aiortc passed its receive parameters"
+    started = receiver._RTCRtpReceiver__started  # type: ignore[attr-defined]
+    assert started, "aiortc passed its receive parameters"
     router = dtls_transports(answerer)[0]._rtp_router
 
     def routed(payload_type: int, ssrc: int) -> object:
