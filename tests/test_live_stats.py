@@ -37,9 +37,10 @@ from typing import Any
 import aiohttp
 import pytest
 from aiohttp.test_utils import TestServer
+from prometheus_client.parser import text_string_to_metric_families
 
 from tests.support.peers import AiortcPublisher
-from tests.support.servers import metric_values, wait_for_type
+from tests.support.servers import wait_for_type
 from whip.appkeys import SESSIONS_KEY, TIMELINE_KEY
 from whip.live_session import LiveSession
 from whip.live_stats import SessionFigures, read_figures
@@ -124,19 +125,35 @@ async def steady(
     raise AssertionError(f"the figures never held still over {STABLE_ATTEMPTS} readings")
 
 
-def of_session(metrics: dict[str, float], name: str, session: LiveSession) -> float:
-    """The one sample of ``name`` labelled with ``session``'s ids (any label order)."""
-    labels = {
-        f'session_id="{session.session_id}"',
-        f'run_id="{session.run_id}"',
-        f'principal="{session.principal}"',
-    }
-    [value] = [
-        value
-        for key, value in metrics.items()
-        if key.startswith(name + "{") and set(key[len(name) + 1 : -1].split(",")) == labels
+Sample = tuple[str, dict[str, str], float]
+
+
+async def scrape(live: Live) -> list[Sample]:
+    """Every sample of ``/metrics`` (parsed by ``prometheus_client``, which wrote it)."""
+    async with live.http.get(f"{live.base}/metrics") as response:
+        assert response.status == 200
+        text = await response.text()
+    return [
+        (sample.name, dict(sample.labels), sample.value)
+        for family in text_string_to_metric_families(text)
+        for sample in family.samples
     ]
-    return value
+
+
+def value(samples: list[Sample], name: str, **labels: str) -> float:
+    """The one sample of ``name`` with exactly ``labels``."""
+    [found] = [v for n, got, v in samples if n == name and got == labels]
+    return found
+
+
+def of_session(samples: list[Sample], name: str, session: LiveSession) -> float:
+    return value(
+        samples,
+        name,
+        session_id=session.session_id,
+        run_id=session.run_id,
+        principal=session.principal,
+    )
 
 
 async def test_sessions_answer_the_one_reading(live: Live) -> None:
@@ -188,14 +205,14 @@ async def test_jitter_is_milliseconds(live: Live) -> None:
 
 
 async def test_metrics_count_the_same_reading_and_keep_it_after_the_close(live: Live) -> None:
-    figures, metrics, _ = await steady(live, lambda: metric_values(live.http, live.base))
+    figures, metrics, _ = await steady(live, lambda: scrape(live))
     assert figures.frames_decoded > 0
     session_decoded = of_session(metrics, "whip_session_frames_decoded_total", live.session)
     assert session_decoded == figures.frames_decoded
     assert of_session(metrics, "whip_session_bytes_in_total", live.session) == figures.bytes_in
     totals = live.manager.totals
-    assert metrics["whip_frames_decoded_total"] == totals.frames_decoded + figures.frames_decoded
-    decoded_before_close = metrics["whip_frames_decoded_total"]
+    decoded_before_close = value(metrics, "whip_frames_decoded_total")
+    assert decoded_before_close == totals.frames_decoded + figures.frames_decoded
     closed_before = totals.frames_decoded
 
     async with live.http.delete(f"{live.base}{live.publisher.location}") as response:
@@ -203,7 +220,8 @@ async def test_metrics_count_the_same_reading_and_keep_it_after_the_close(live: 
     assert len(live.manager.table) == 0
     assert totals.frames_decoded - closed_before >= figures.frames_decoded
     assert totals.inbound_bytes >= figures.bytes_in
-    after_close = await metric_values(live.http, live.base)
-    assert not any(name.startswith("whip_session_frames_decoded") for name in after_close)
-    assert after_close["whip_frames_decoded_total"] == totals.frames_decoded
-    assert after_close["whip_frames_decoded_total"] >= decoded_before_close
+    after_close = await scrape(live)
+    assert not [s for s in after_close if s[0] == "whip_session_frames_decoded_total"]
+    decoded_after_close = value(after_close, "whip_frames_decoded_total")
+    assert decoded_after_close == totals.frames_decoded
+    assert decoded_after_close >= decoded_before_close
