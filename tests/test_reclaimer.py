@@ -25,9 +25,9 @@ deadline check removed, the never-connects test fails; with the ``except`` branc
 returning before ``on_gone``, the error test fails; with ``_touch_if_alive`` never
 calling ``touch_run``, the activity test fails.
 
-Found: a session that never connects gets its run's activity recorded once at the
-connect deadline when ``connect_timeout_s`` is under :data:`ACTIVITY_TOUCH_S` (the
-``xfail`` test below; it passes once the touch is limited to CONNECTED sessions).
+Found and fixed: a session that never connected got its run's activity recorded once at
+the connect deadline when ``connect_timeout_s`` was under :data:`ACTIVITY_TOUCH_S`
+(``test_a_session_that_never_connects_records_no_activity``).
 """
 
 from __future__ import annotations
@@ -175,16 +175,6 @@ async def test_a_session_that_never_connects_is_gone_after_the_connect_timeout(
     assert pair.session.pc.connectionState != "connected"
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason=(
-        "bug in whip/reclaimer.py _watch: when the connect deadline fires, the TimeoutError "
-        "branch calls _touch_if_alive although the session never connected; the liveness "
-        "started under ACTIVITY_TOUCH_S ago (any connect_timeout_s < 5 s), so touch_run "
-        "records activity for a run whose peer never came (the module doc: only while "
-        "connected). Fix: touch only when the session is CONNECTED."
-    ),
-)
 async def test_a_session_that_never_connects_records_no_activity(peers: LoopbackPeers) -> None:
     calls = Calls()
     pair = await negotiated_session(peers)

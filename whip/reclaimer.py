@@ -89,7 +89,8 @@ class Reclaimer:
                     async with asyncio.timeout(timeout):
                         await changed.wait()
                 except TimeoutError:
-                    self._touch_if_alive(session)
+                    if connected:  # a peer that never connected is not proof of life
+                        self._touch_if_alive(session)
         except Exception:
             logger.exception(
                 "session %s run %s: reclaimer failed", session.session_id, session.run_id
