@@ -15,7 +15,7 @@ from typing import Any
 
 import av
 
-MEDIA = Path(__file__).resolve().parent.parent / "fixtures" / "media"
+MEDIA = Path(__file__).resolve().parents[2] / "fixtures" / "media"
 
 Corrupt = Callable[[int, int, bytes, bool], bytes | None]
 """``corrupt(loop, index, data, keyframe)`` -> replacement payload, or None to keep it."""

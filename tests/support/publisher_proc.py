@@ -111,5 +111,5 @@ def main(argv: list[str] | None = None) -> int:
 
 if __name__ == "__main__":
     if not __package__:  # run as a script: make ``tests`` and ``whip`` importable
-        sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+        sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
     sys.exit(main())
