@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.support.eventually import eventually_blocking
 from tests.support.servers import serve_argv
 
 PYTHON = sys.executable
@@ -40,15 +41,16 @@ def serving(
         serve_argv(port, tmp_path / "data"), stdout=log, stderr=subprocess.STDOUT, env=env
     )
     try:
-        deadline = time.monotonic() + 30
-        while True:  # bounded wait for readiness
+
+        def accepting() -> bool:
             assert proc.poll() is None, (tmp_path / "server.log").read_text()
             try:
                 with socket.create_connection(("127.0.0.1", port), timeout=0.5):
-                    break
+                    return True
             except OSError:
-                assert time.monotonic() < deadline, "server did not start"
-                time.sleep(0.1)
+                return False
+
+        eventually_blocking(accepting, within=30, awaiting="the server started", every=0.1)
         yield f"http://127.0.0.1:{port}", proc
     finally:
         proc.send_signal(signal.SIGINT)
@@ -96,23 +98,29 @@ def test_publish_then_operate_on_the_run(server: str) -> None:
         # A bound, not a timing figure: each cli() call is a fresh interpreter (~1 s on a
         # loaded 2-core machine), and the publisher imports PyAV before it POSTs.
         deadline = time.monotonic() + 60
-        runs: list[dict[str, object]] = []
-        while not runs:  # bounded: the run appears once the push is admitted
-            assert time.monotonic() < deadline, "no run appeared"
+
+        def listed_runs() -> list[dict[str, object]]:  # once the push is admitted
             listed = cli("runs", "ls", "--server", server, "--json")
             assert listed.returncode == 0, listed.stderr
-            runs = json.loads(listed.stdout)["items"]
-            time.sleep(0.2)
+            return list(json.loads(listed.stdout)["items"])
+
+        runs = eventually_blocking(listed_runs, within=60, awaiting="a run appeared", every=0.2)
         (run,) = runs
         run_id = str(run["id"])
         assert run["stream"] == "cli-test"
         table = cli("runs", "ls", "--server", server)
         assert run_id in table.stdout and "STATE" in table.stdout
-        live: list[str] = []
-        while not live:  # bounded: run_created is durable just before the session exists
-            assert time.monotonic() < deadline, "no live session appeared"
+
+        def live_runs() -> list[str]:  # run_created is durable just before the session exists
             sessions = cli("sessions", "--server", server, "--json")
-            live = [s["run_id"] for s in json.loads(sessions.stdout)["items"]]
+            return [s["run_id"] for s in json.loads(sessions.stdout)["items"]]
+
+        live = eventually_blocking(
+            live_runs,
+            within=deadline - time.monotonic(),  # the same 60 s as the run's appearance
+            awaiting="a live session appeared",
+            every=0,
+        )
         assert live == [run_id]
         # --follow streams until the session closes (the publisher ends after 5 s).
         follow = cli("runs", "events", run_id, "--follow", "--json", "--server", server)
@@ -148,13 +156,12 @@ def test_ctrl_c_on_publish_deletes_the_session(server: str) -> None:
     try:
         # A bound, not a timing figure: each cli() call is a fresh interpreter (~1 s on a
         # loaded 2-core machine), and the publisher imports PyAV before it POSTs.
-        deadline = time.monotonic() + 60
-        run_id = ""
-        while not run_id:  # bounded
-            assert time.monotonic() < deadline
+
+        def live_run() -> str:
             items = json.loads(cli("sessions", "--server", server, "--json").stdout)["items"]
-            run_id = str(items[0]["run_id"]) if items else ""
-            time.sleep(0.2)
+            return str(items[0]["run_id"]) if items else ""
+
+        run_id = eventually_blocking(live_run, within=60, awaiting="a live session", every=0.2)
         publisher.send_signal(signal.SIGINT)
         assert publisher.wait(20) == 130
     finally:
