@@ -199,9 +199,9 @@ async def test_fixture_clip_is_decoded_analyzed_and_thumbnailed(
     expected = thumbnail_size(clip.width, clip.height, 640)
     assert "thumbnail" in seen, "no thumbnail while live"
     assert seen["thumbnail"][:2] == b"\xff\xd8"
-    assert _decode_jpeg(seen["thumbnail"]) == expected
+    assert await asyncio.to_thread(_decode_jpeg, seen["thumbnail"]) == expected  # off the loop
     path = manager.config.server.data_dir / "thumbnails" / f"{run_id}.jpg"
-    assert _decode_jpeg(path.read_bytes()) == expected
+    assert await asyncio.to_thread(_decode_jpeg, path.read_bytes()) == expected
     figures = manager.budget.figures()
     assert (figures.bytes_reserved, figures.threads_reserved) == (0, 0)
 
