@@ -147,8 +147,8 @@ def check_log(state: LoopState, events: list[Event]) -> None:
             continue
         ev = events[item.seq - 1] if 1 <= item.seq <= len(events) else None
         if ev is None or (ev.run_id, str(ev.type)) != (item.run_id, item.type):
-            got = None if ev is None else (ev.seq, ev.run_id, str(ev.type))
-            missing.append(f"{item} -> {got}")
+            found = None if ev is None else (ev.seq, ev.run_id, str(ev.type))
+            missing.append(f"{item} -> {found}")
     assert not missing, f"{len(missing)} confirmed items lost or changed: {missing[:5]}"
     if state.pending_recovery is not None:
         start, expected = state.pending_recovery

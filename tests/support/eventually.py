@@ -43,7 +43,7 @@ def _failure(awaiting: Awaiting, within: float, last: object) -> AssertionError:
 
 @overload
 async def eventually[T](
-    condition: Callable[[], Awaitable[T]],
+    condition: Callable[[], Awaitable[T | None]],
     *,
     within: float,
     awaiting: Awaiting,
@@ -53,7 +53,7 @@ async def eventually[T](
 
 @overload
 async def eventually[T](
-    condition: Callable[[], T],
+    condition: Callable[[], T | None],
     *,
     within: float,
     awaiting: Awaiting,
@@ -96,7 +96,7 @@ async def eventually(
 
 
 def eventually_blocking[T](
-    condition: Callable[[], T],
+    condition: Callable[[], T | None],
     *,
     within: float,
     awaiting: Awaiting,
