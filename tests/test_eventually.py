@@ -32,7 +32,7 @@ async def test_a_timeout_names_what_was_awaited_and_the_last_value() -> None:
     started = loop.time()
     with pytest.raises(AssertionError, match=r"not within 0.2 s: the door open \(last value: 0\)"):
         await eventually(lambda: 0, within=0.2, awaiting="the door open")
-    assert 0.2 <= loop.time() - started < 2
+    assert 0.199 <= loop.time() - started < 2  # uvloop's clock counts whole milliseconds
 
 
 async def test_a_described_state_is_computed_only_at_the_timeout() -> None:
