@@ -24,6 +24,7 @@ import aiohttp
 import pytest
 from aiohttp.test_utils import TestServer
 
+from bench.support.server_process import wait_ready
 from registry.events import Event, now_ms
 from registry.record import ScanOutcome, decode_frame_at, scan_segment
 from registry.timeline import Timeline, TimelineConfig
@@ -256,21 +257,6 @@ def peek_wal(data_dir: Path) -> list[Event]:
     return events
 
 
-async def wait_ready(base: str, proc: asyncio.subprocess.Process, wait_s: float) -> None:
-    """Poll ``GET /readyz`` until 200 (bounded); fail at once if the server exits."""
-    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=2)) as http:
-
-        async def ready() -> bool:
-            assert proc.returncode is None, f"server exited with {proc.returncode}"
-            try:
-                async with http.get(f"{base}/readyz") as response:
-                    return response.status == 200
-            except aiohttp.ClientConnectionError:
-                return False
-
-        await eventually(ready, within=wait_s, awaiting="the server ready", every=0.1)
-
-
 async def wait_in_wal(data_dir: Path, run_id: str, etype: str, wait_s: float) -> None:
     async def durable() -> bool:
         events = await asyncio.to_thread(peek_wal, data_dir)
@@ -317,7 +303,7 @@ async def test_sigterm_closes_sessions_durably_and_exits_zero(tmp_path: Path) ->
     restrict_host_addresses(["127.0.0.1"])  # our own publisher: loopback only
     publisher = AiortcPublisher()
     try:
-        await wait_ready(base, proc, CONNECT_WAIT_S)
+        await wait_ready(base, lambda: proc.returncode, CONNECT_WAIT_S)
         async with aiohttp.ClientSession() as http:
             response = await publisher.publish(http, f"{base}/whip/term")
             assert response.status == 201
