@@ -66,11 +66,13 @@ if sys.path[0] != str(REPO):
     sys.path.insert(0, str(REPO))  # `python bench/api.py` puts bench/ first: whip = bench/whip.py
 
 import aiohttp  # noqa: E402
-from aiortc import RTCConfiguration, RTCPeerConnection  # noqa: E402
+from aiortc import RTCPeerConnection  # noqa: E402
 from aiortc.mediastreams import AudioStreamTrack, VideoStreamTrack  # noqa: E402
 
 from registry.events import EventType, NewEvent  # noqa: E402
 from registry.timeline import Timeline, TimelineConfig  # noqa: E402
+from whip.rtc.host_addresses import restrict_host_addresses  # noqa: E402
+from whip.rtc.peer import new_peer_connection  # noqa: E402
 
 
 def _load_bench_whip() -> Any:
@@ -286,7 +288,7 @@ async def poller_phase(
 
 
 async def make_offer() -> tuple[RTCPeerConnection, str]:
-    pc = RTCPeerConnection(RTCConfiguration(iceServers=[]))
+    pc = new_peer_connection()
     pc.addTransceiver(VideoStreamTrack(), direction="sendonly")
     pc.addTransceiver(AudioStreamTrack(), direction="sendonly")
     await pc.setLocalDescription(await pc.createOffer())
@@ -448,7 +450,7 @@ async def bench(args: argparse.Namespace, server: Any, built: dict[str, Any]) ->
             out["pollers"][label] = r
             log(f"pollers {label}: {r}")
 
-        bw.loopback_only()
+        restrict_host_addresses([HOST])  # aioice skips 127.0.0.1 by default
         out["long_poll_wake"] = await long_poll_section(
             http, base, args.lp_rounds, args.pollers, args.lp_settle
         )

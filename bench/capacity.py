@@ -68,7 +68,8 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))  # before bench/ (``bench/whip.py`` would shadow ``whip``)
 
 import aiohttp  # noqa: E402
-import serverproc  # noqa: E402
+
+from bench.support import server_process  # noqa: E402
 
 CLK_TCK = os.sysconf("SC_CLK_TCK")
 
@@ -82,7 +83,7 @@ SIZES = {"720p": (1280, 720, 2_500_000), "360p": (640, 360, 800_000)}
 
 
 def log(message: str) -> None:
-    serverproc.log("bench/capacity", message)
+    server_process.log("bench/capacity", message)
 
 
 # ---------------------------------------------------------------- the publisher
@@ -147,9 +148,10 @@ print(json.dumps(out), flush=True)
 IDLE_PUBLISHERS = r"""
 import asyncio, json, sys
 import aiohttp
-import aioice.ice
-from aiortc import MediaStreamTrack, RTCConfiguration, RTCPeerConnection, RTCSessionDescription
-aioice.ice.get_host_addresses = lambda use_ipv4, use_ipv6: ["127.0.0.1"] if use_ipv4 else []
+from aiortc import MediaStreamTrack, RTCSessionDescription
+from whip.rtc.host_addresses import restrict_host_addresses
+from whip.rtc.peer import new_peer_connection
+restrict_host_addresses(["127.0.0.1"])
 base, n, prefix = sys.argv[1], int(sys.argv[2]), sys.argv[3]
 
 class Silent(MediaStreamTrack):
@@ -159,7 +161,7 @@ class Silent(MediaStreamTrack):
         await asyncio.Event().wait()
 
 async def one(http, i):
-    pc = RTCPeerConnection(RTCConfiguration(iceServers=[]))
+    pc = new_peer_connection()
     pc.addTransceiver(Silent(), direction="sendonly")
     done = asyncio.Event()
     settled = ("connected", "failed", "closed")
@@ -268,16 +270,16 @@ def rss_kib(pid: int) -> int | None:
 
 def start_server(
     data_dir: Path, log_path: Path, sessions: int, decode: str
-) -> serverproc.ServerProcess:
+) -> server_process.ServerProcess:
     """A fresh server with room for ``sessions`` (+ 8) and the ``decode`` policy."""
     log(f"server for {sessions} sessions, decode={decode}")
-    return serverproc.ServerProcess(
+    return server_process.ServerProcess(
         "bench/capacity",
         data_dir,
         log_path,
         sessions + 8,
         {
-            **serverproc.media_budget_env(sessions + 8),
+            **server_process.media_budget_env(sessions + 8),
             "WHIP_INGEST_PIPELINE_DECODE": decode,
             "WHIP_INGEST_LOG_LEVEL": "INFO",
         },

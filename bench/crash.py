@@ -1,9 +1,9 @@
-"""Crash-consistency soak: the SIGKILL loop of tests/test_crash.py, longer, as JSON.
+"""Crash-consistency soak: the WAL SIGKILL loop (bench/support/crash_writer.py) as JSON.
 
     .venv/bin/python bench/crash.py [--iterations 100] [--seed N] [--segment-bytes B]
         [--fresh-every K] [--data-dir DIR] [--progress]
 
-Each iteration spawns ``tests/support/crash_writer.py`` on the same data dir, SIGKILLs it at a
+Each iteration spawns ``bench/support/crash_writer.py`` on the same data dir, SIGKILLs it at a
 random point, reopens the dir here and checks every confirmed append (all iterations so
 far), gap-free seqs, no duplicates and the ``run_interrupted`` of exactly the runs left
 live. Prints one JSON object on stdout; exits 1 if any iteration failed. A failed
@@ -24,9 +24,10 @@ import time
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests" / "support"))
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))  # before bench/ (``bench/whip.py`` would shadow ``whip``)
 
-from crash_writer import IterationStats, LoopState, run_iteration
+from bench.support.crash_writer import IterationStats, LoopState, run_iteration  # noqa: E402
 
 
 def summary(values: list[float], digits: int = 4) -> dict[str, float]:

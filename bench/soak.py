@@ -119,14 +119,15 @@ sys.path.insert(0, str(REPO))  # before bench/ (``bench/whip.py`` would shadow `
 
 import aiohttp  # noqa: E402
 import av  # noqa: E402
-import serverproc  # noqa: E402
-from aiortc import RTCConfiguration, RTCPeerConnection, RTCSessionDescription  # noqa: E402
+from aiortc import RTCPeerConnection, RTCSessionDescription  # noqa: E402
 from aiortc.mediastreams import AudioStreamTrack, VideoStreamTrack  # noqa: E402
 
-from tests.support.servers import metric_values  # noqa: E402
+from bench.support import server_process  # noqa: E402
+from bench.support.metrics import metric_values  # noqa: E402
 from whip.rtc.host_addresses import restrict_host_addresses  # noqa: E402
+from whip.rtc.peer import new_peer_connection  # noqa: E402
 
-HOST = serverproc.HOST
+HOST = server_process.HOST
 CONNECT_TIMEOUT_S = 20.0
 FIRST_FRAME_TIMEOUT_S = 15.0
 PROBE_TIMEOUT_S = 10.0
@@ -228,7 +229,7 @@ runpy.run_module("whip", run_name="__main__", alter_sys=True)
 
 
 def log(message: str) -> None:
-    serverproc.log("bench/soak", message)
+    server_process.log("bench/soak", message)
 
 
 # ---------------------------------------------------------------- /proc readings
@@ -301,7 +302,7 @@ def malloc_arenas(pid: int) -> int:
 # ---------------------------------------------------------------- the server process
 
 
-class Server(serverproc.ServerProcess):
+class Server(server_process.ServerProcess):
     """The server subprocess, started through the PROBE wrapper (``-c PROBE`` runs
     ``whip`` exactly like ``-m whip``)."""
 
@@ -432,7 +433,7 @@ async def one_session(ctx: Context, index: int, vanish: bool, stream_prefix: str
     """POST, connect, first decoded frame, hold, then DELETE or vanish."""
     result = SessionResult(index, vanish)
     started = time.monotonic()
-    pc = RTCPeerConnection(RTCConfiguration(iceServers=[]))
+    pc = new_peer_connection()
     connected = asyncio.Event()
 
     @pc.on("connectionstatechange")

@@ -1,4 +1,4 @@
-"""System crash soak: the server SIGKILL loop of tests/test_system_crash.py, longer, as JSON.
+"""System crash soak: the server SIGKILL loop (bench/support/system_crash_loop.py) as JSON.
 
     .venv/bin/python bench/system_crash.py [--iterations 100] [--seed N] [--data-dir DIR]
         [--progress]
@@ -27,13 +27,14 @@ import traceback
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))  # before bench/ (``bench/whip.py`` would shadow ``whip``)
 
-from tests.test_system_crash import (
+from bench.support.server_process import free_port  # noqa: E402
+from bench.support.system_crash_loop import (  # noqa: E402
     IterationResult,
     LoopState,
     final_restart,
-    free_port,
     restrict_ice_to_loopback,
     run_iteration,
     tail,

@@ -32,9 +32,9 @@ Sections:
 
    The first *decoded* frame cannot be measured yet: no pipeline decodes media.
 
-Percentiles interpolate linearly between closest ranks. This file must not import the
-``whip`` package: run as ``python bench/whip.py``, ``bench/`` is ``sys.path[0]`` and this
-module itself would shadow it.
+Percentiles interpolate linearly between closest ranks. Run as ``python bench/whip.py``,
+``bench/`` is ``sys.path[0]`` and this module itself would shadow the ``whip`` package:
+the repository root goes first on ``sys.path`` before anything is imported.
 
 Usage::
 
@@ -66,15 +66,21 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import aiohttp
-import aioice.ice
-import serverproc
-from aiortc import RTCConfiguration, RTCPeerConnection, RTCSessionDescription
-from aiortc.mediastreams import AudioStreamTrack, VideoStreamTrack
+REPO = Path(__file__).resolve().parent.parent
+if sys.path[0] != str(REPO):
+    sys.path.insert(0, str(REPO))  # before bench/ (this module would shadow ``whip``)
 
-from registry.timeline import Timeline, TimelineConfig
+import aiohttp  # noqa: E402
+import aioice  # noqa: E402
+from aiortc import RTCPeerConnection, RTCSessionDescription  # noqa: E402
+from aiortc.mediastreams import AudioStreamTrack, VideoStreamTrack  # noqa: E402
 
-HOST = serverproc.HOST
+from bench.support import server_process  # noqa: E402
+from registry.timeline import Timeline, TimelineConfig  # noqa: E402
+from whip.rtc.host_addresses import restrict_host_addresses  # noqa: E402
+from whip.rtc.peer import new_peer_connection  # noqa: E402
+
+HOST = server_process.HOST
 STOP_TIMEOUT_S = 20.0
 HTTP_TIMEOUT_S = 30.0
 CONNECT_TIMEOUT_S = 10.0
@@ -84,7 +90,7 @@ _FFMPEG_ELAPSED = re.compile(r"Muxer state=.*elapsed=([0-9.]+)ms\(([^)]*)\)")
 
 
 def log(message: str) -> None:
-    serverproc.log("bench/whip", message)
+    server_process.log("bench/whip", message)
 
 
 # ---------------------------------------------------------------- statistics
@@ -162,15 +168,15 @@ def fs_type(path: Path) -> str:
     return kind
 
 
-def start_server(data_dir: Path, log_path: Path, max_sessions: int) -> serverproc.ServerProcess:
+def start_server(data_dir: Path, log_path: Path, max_sessions: int) -> server_process.ServerProcess:
     """A fresh ``python -m whip serve`` with room for ``max_sessions`` (limits and a media
     budget that never refuses a benchmark session)."""
-    return serverproc.ServerProcess(
+    return server_process.ServerProcess(
         "bench/whip",
         data_dir,
         log_path,
         max_sessions,
-        {**serverproc.media_budget_env(max_sessions), "WHIP_INGEST_LOG_LEVEL": "INFO"},
+        {**server_process.media_budget_env(max_sessions), "WHIP_INGEST_LOG_LEVEL": "INFO"},
         stop_timeout_s=STOP_TIMEOUT_S,
     )
 
@@ -187,17 +193,8 @@ def handler_ms(log_path: Path) -> dict[str, float]:
 # ---------------------------------------------------------------- publishers
 
 
-def loopback_only() -> None:
-    """aioice gathers on every interface but 127.0.0.1; make it gather on 127.0.0.1 only."""
-
-    def host_addresses(use_ipv4: bool, use_ipv6: bool) -> list[str]:
-        return [HOST] if use_ipv4 else []
-
-    aioice.ice.get_host_addresses = host_addresses
-
-
 def new_publisher() -> RTCPeerConnection:
-    pc = RTCPeerConnection(RTCConfiguration(iceServers=[]))
+    pc = new_peer_connection()
     pc.addTransceiver(AudioStreamTrack(), direction="sendonly")
     pc.addTransceiver(VideoStreamTrack(), direction="sendonly")
     return pc
@@ -263,7 +260,10 @@ async def timed_delete(http: aiohttp.ClientSession, url: str) -> tuple[int, floa
 
 
 async def post_level(
-    http: aiohttp.ClientSession, server: serverproc.ServerProcess, concurrency: int, requests: int
+    http: aiohttp.ClientSession,
+    server: server_process.ServerProcess,
+    concurrency: int,
+    requests: int,
 ) -> dict[str, Any]:
     """``requests`` timed POSTs in waves of ``concurrency`` (after one warm-up wave)."""
     url = f"{server.base}/whip"
@@ -389,7 +389,7 @@ def annotate_levels(
 
 
 async def aiortc_connect_once(
-    http: aiohttp.ClientSession, server: serverproc.ServerProcess, index: int, hold_s: float
+    http: aiohttp.ClientSession, server: server_process.ServerProcess, index: int, hold_s: float
 ) -> dict[str, Any]:
     pc = new_publisher()
     marks: dict[str, float] = {}
@@ -622,7 +622,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
 
 async def long_push(args: argparse.Namespace, base: Path) -> dict[str, Any]:
     """One FFmpeg push of ``args.long_push`` seconds: it must stay connected to the end."""
-    loopback_only()
+    restrict_host_addresses([HOST])  # aioice skips 127.0.0.1 by default
     data_dir = base / "data"
     server = start_server(data_dir, base / "server.log", 10)
     samples: list[dict[str, Any]] = []
@@ -666,7 +666,7 @@ async def long_push(args: argparse.Namespace, base: Path) -> dict[str, Any]:
 async def run(args: argparse.Namespace, base: Path) -> dict[str, Any]:
     if args.long_push > 0:
         return await long_push(args, base)
-    loopback_only()
+    restrict_host_addresses([HOST])  # aioice skips 127.0.0.1 by default
     data_dir = base / "data"
     server = start_server(data_dir, base / "server.log", max(1000, *args.levels))
     doc: dict[str, Any] = {}

@@ -377,6 +377,12 @@ class RunRegistry:
             run.delete_state = DeleteState.APPEND_IN_FLIGHT
             return Claim(ClaimKind.CLAIMED, run.principal)
 
+    def delete_waiters(self, run_id: str) -> int:
+        """Deleters parked on ``run_id``'s in-flight deletion (claimed IN_FLIGHT, their
+        wait not yet settled nor cancelled)."""
+        with self._lock:
+            return sum(not fut.done() for _, fut in self._settle_waiters.get(run_id, ()))
+
     def _settle_locked(self, run_id: str) -> None:
         waiters = self._settle_waiters.pop(run_id, [])
         for loop, fut in waiters:

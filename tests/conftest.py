@@ -1,8 +1,9 @@
 """Shared fixtures.
 
-``no_blocking_on_loop`` (autouse) fails any test in which ``fsync``/``fdatasync`` run on
-a thread that is running an asyncio event loop: durable I/O belongs to the WAL writer
-thread or ``asyncio.to_thread``, never to the loop.
+``no_blocking_on_loop`` (autouse) fails any test in which ``fsync``/``fdatasync`` or a
+PyAV decode run on a thread that is running an asyncio event loop: durable I/O belongs to
+the WAL writer thread or ``asyncio.to_thread``, decoding to the pipeline's worker
+threads, never to the loop (tests/support/loop_guard.py says how each is caught).
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from aiohttp.test_utils import TestServer
 
 from registry.timeline import Timeline, TimelineConfig
 from registry.wal import WalFaults
+from tests.support.loop_guard import DecodeWatch, guard_sync_calls
 from tests.support.servers import ServerPool
 from whip.eventloop import DEFAULT_EVENT_LOOP, EventLoopKind, new_event_loop
 
@@ -35,27 +37,25 @@ def pytest_asyncio_loop_factories(
     return {TEST_LOOP: lambda: new_event_loop(TEST_LOOP)}
 
 
-_BLOCKING = ("fsync", "fdatasync")
+@pytest.fixture(scope="session")
+def decode_watch() -> Iterator[DecodeWatch]:
+    """The session's one PyAV decode watch (a ``sys.monitoring`` tool)."""
+    watch = DecodeWatch()
+    watch.install()
+    yield watch
+    watch.uninstall()
 
 
 @pytest.fixture(autouse=True)
-def no_blocking_on_loop(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[str]]:
+def no_blocking_on_loop(
+    monkeypatch: pytest.MonkeyPatch, decode_watch: DecodeWatch
+) -> Iterator[list[str]]:
+    """The offences of this test (module doc); a test that provokes one on purpose
+    clears the list itself."""
     offences: list[str] = []
-
-    def guard(name: str, real: Callable[..., Any]) -> Callable[..., Any]:
-        def wrapper(*args: Any, **kwargs: Any) -> Any:
-            try:
-                asyncio.get_running_loop()
-            except RuntimeError:
-                return real(*args, **kwargs)
-            offences.append(name)
-            return real(*args, **kwargs)
-
-        return wrapper
-
-    for name in _BLOCKING:
-        monkeypatch.setattr(os, name, guard(name, getattr(os, name)))
-    yield offences
+    guard_sync_calls(monkeypatch, offences)
+    with decode_watch.recording(offences):
+        yield offences
     assert not offences, f"blocking calls on the event loop thread: {offences}"
 
 

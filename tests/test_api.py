@@ -25,6 +25,7 @@ from yarl import URL
 
 from registry.events import NewEvent, now_ms
 from registry.timeline import Timeline
+from tests.support.eventually import eventually
 from tests.support.peers import AiortcPublisher
 from tests.support.servers import make_config
 from whip.app import create_app
@@ -564,12 +565,17 @@ async def test_long_poll_wakes_100_waiters_and_answers_at_once_when_behind(
         )
         for i in range(100)
     ]
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + 20
-    while api.timeline.waiters.waiting() < 100:  # all 100 parked (a barrier, not a sleep)
-        assert loop.time() < deadline, f"only {api.timeline.waiters.waiting()} waiting"
+
+    def all_parked() -> bool:  # a barrier on the waiter count, not a sleep
         assert not any(w.done() for w in waiters), [w.result() for w in waiters if w.done()]
-        await asyncio.sleep(0.01)
+        return api.timeline.waiters.waiting() >= 100
+
+    await eventually(
+        all_parked,
+        within=20,
+        awaiting=lambda: f"100 long-polls parked, {api.timeline.waiters.waiting()} are",
+        every=0.01,
+    )
     woke_at = time.monotonic()
     seq = await api.timeline.append(NewEvent("run-w", "stats", "studio-a", {"n": 2}))
     answers = await asyncio.wait_for(asyncio.gather(*waiters), 10)
@@ -591,11 +597,12 @@ async def test_pending_long_polls_answer_at_once_at_shutdown(
         )
         for i in range(5)
     ]
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + 20
-    while api.timeline.waiters.waiting() < 5:
-        assert loop.time() < deadline and not any(w.done() for w in waiters)
-        await asyncio.sleep(0.01)
+
+    def all_parked() -> bool:
+        assert not any(w.done() for w in waiters)
+        return api.timeline.waiters.waiting() >= 5
+
+    await eventually(all_parked, within=20, awaiting="5 long-polls parked", every=0.01)
     started = time.monotonic()
     await api.server.close()
     answers = await asyncio.gather(*waiters)
@@ -720,15 +727,17 @@ async def test_session_statistics_from_a_real_push(api_factory: Callable[..., An
     publisher = await _publish(api, "b", "stats-cam")
     try:
         session_id = publisher.location.rsplit("/", 1)[1]
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + 20
-        session: dict[str, Any] = {}
-        while loop.time() < deadline:
+
+        async def measured() -> dict[str, Any] | None:
             status, session = await api.call("GET", f"/v1/sessions/{session_id}", "b")
             assert status == 200
             if session["fps"] is not None and (session["packets_received"] or 0) > 0:
-                break
-            await asyncio.sleep(0.2)
+                return dict(session)
+            return None
+
+        session = await eventually(
+            measured, within=20, awaiting="an fps and received packets", every=0.2
+        )
         assert session["fps"] is not None, session
         assert session["id"] == session_id and session["run_id"] == publisher.run_id
         assert (session["principal"], session["stream"]) == ("studio-b", "stats-cam")

@@ -17,6 +17,7 @@ from typing import Any
 
 import pytest
 
+from tests.support.eventually import eventually_blocking
 from tests.support.servers import serve_argv
 from whip.config import LimitsConfig
 
@@ -42,15 +43,16 @@ def serving(
         serve_argv(port, tmp_path / "data"), stdout=log, stderr=subprocess.STDOUT, env=env
     )
     try:
-        deadline = time.monotonic() + 30
-        while True:  # bounded wait for readiness
+
+        def accepting() -> bool:
             assert proc.poll() is None, (tmp_path / "server.log").read_text()
             try:
                 with socket.create_connection(("127.0.0.1", port), timeout=0.5):
-                    break
+                    return True
             except OSError:
-                assert time.monotonic() < deadline, "server did not start"
-                time.sleep(0.1)
+                return False
+
+        eventually_blocking(accepting, within=30, awaiting="the server started", every=0.1)
         yield f"http://127.0.0.1:{port}", proc
     finally:
         proc.send_signal(signal.SIGINT)
@@ -99,12 +101,14 @@ def test_publish_then_operate_on_the_run(server: str) -> None:
         # loaded 2-core machine), and the publisher imports PyAV before it POSTs.
         # The live session is looked for first: the push lasts 5 s, and on a loaded machine
         # three cli() calls before this one could outlast it. Its run outlives it.
-        deadline = time.monotonic() + 60
-        live: list[str] = []
-        while not live:  # bounded: run_created is durable just before the session exists
-            assert time.monotonic() < deadline, "no live session appeared"
+
+        def live_runs() -> list[str]:  # run_created is durable just before the session exists
             sessions = cli("sessions", "--server", server, "--json")
-            live = [s["run_id"] for s in json.loads(sessions.stdout)["items"]]
+            return [s["run_id"] for s in json.loads(sessions.stdout)["items"]]
+
+        live = eventually_blocking(
+            live_runs, within=60, awaiting="a live session appeared", every=0
+        )
         listed = cli("runs", "ls", "--server", server, "--json")
         assert listed.returncode == 0, listed.stderr
         runs: list[dict[str, object]] = json.loads(listed.stdout)["items"]
@@ -149,16 +153,20 @@ def _session_run_id(
 ) -> str:
     """The run id of the live session on ``stream``, once it is listed (bounded; fails at
     once if the publisher exits first)."""
-    deadline = time.monotonic() + bound_s
-    while True:
+
+    def listed() -> str | None:  # the list cannot be long-polled: re-ask
         assert publisher.poll() is None, f"publisher exited {publisher.returncode}"
         items = _get_json(f"{server}/v1/sessions")["items"]
         runs = [str(item["run_id"]) for item in items if item["stream"] == stream]
-        if runs:
-            (run_id,) = runs
-            return run_id
-        assert time.monotonic() < deadline, f"no session on {stream} within {bound_s} s"
-        time.sleep(0.1)  # the list cannot be long-polled: re-ask
+        if not runs:
+            return None
+        (run_id,) = runs
+        return run_id
+
+    found: str = eventually_blocking(
+        listed, within=bound_s, awaiting=f"a session on {stream}", every=0.1
+    )
+    return found
 
 
 def _event(server: str, run_id: str, etype: str, bound_s: float) -> dict[str, Any]:

@@ -17,10 +17,10 @@ from pathlib import Path
 
 import pytest
 
+from bench.support.crash_writer import WriterProcess, live_runs, segment_paths, walk_frames
 from registry.errors import CorruptLogError, DataDirLockedError, UnknownRunError
 from registry.events import Event, EventType, NewEvent
 from registry.timeline import Timeline, TimelineConfig
-from tests.support.crash_writer import WriterProcess, live_runs, segment_paths, walk_frames
 
 SMALL_SEGMENTS = 4096
 

@@ -1,6 +1,6 @@
 """Crash consistency: SIGKILL a real writer process at random points, reopen, verify.
 
-The writer (``tests/support/crash_writer.py``) prints a line after each *confirmed* append; this
+The writer (``bench/support/crash_writer.py``) prints a line after each *confirmed* append; this
 process reads those lines concurrently, kills the writer, reopens the same data dir and
 checks that every confirmation is in the log exactly once, seqs are 1..N without gaps,
 and exactly the runs left live got ``run_interrupted``. The randomness is seeded: set
@@ -18,11 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from registry.events import EventType, NewEvent
-from registry.record import encode_body, encode_frame
-from registry.timeline import Timeline, TimelineConfig
-from registry.wal import segment_name
-from tests.support.crash_writer import (
+from bench.support.crash_writer import (
     Confirmed,
     LoopState,
     WriterProcess,
@@ -32,6 +28,10 @@ from tests.support.crash_writer import (
     verify_reopened,
     walk_frames,
 )
+from registry.events import EventType, NewEvent
+from registry.record import encode_body, encode_frame
+from registry.timeline import Timeline, TimelineConfig
+from registry.wal import segment_name
 
 KILL_ITERATIONS = 20
 SMALL_SEGMENTS = 128 * 1024  # several rotations over the loop, so kills land near them

@@ -31,6 +31,7 @@ from pipeline.keyframes import (
     is_keyframe,
     vp8_is_keyframe,
 )
+from tests.support.eventually import eventually_blocking
 
 WIDTH, HEIGHT, GOP, FRAMES = 320, 180, 30, 90
 TICKS_PER_FRAME = 3000  # 90 kHz RTP clock at 30 fps
@@ -361,9 +362,9 @@ def test_decode_errors_ask_the_producer_for_a_keyframe() -> None:
         intake.offer(H264, jitter(good[i], i))
     recorder.wait_for(5)
     intake.offer(H264, jitter(b"\x00\x00\x00\x01\x65" + bytes(range(256)) * 2, 5))
-    deadline = time.monotonic() + 5
-    while stats.decode_errors == 0 and time.monotonic() < deadline:
-        time.sleep(0.001)
+    eventually_blocking(
+        lambda: stats.decode_errors, within=5, awaiting="the decode error counted", every=0.001
+    )
     assert stats.decode_errors == 1
     for i in range(6, 40):  # the next offer makes the request; P-frames are dropped
         intake.offer(H264, jitter(good[i], i))

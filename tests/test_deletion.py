@@ -13,6 +13,7 @@ from registry.errors import AppendFailedError, NonBlockingDeleteError
 from registry.events import NewEvent
 from registry.runs import ClaimKind, DeleteState
 from registry.timeline import Timeline
+from tests.support.eventually import eventually
 
 
 class FailingWrites:
@@ -75,7 +76,11 @@ async def test_an_injected_append_failure_rolls_back_to_live_and_the_next_delete
     assert await asyncio.to_thread(faults.entered.wait, 10)
     # While the winner's append is stuck in flight, others must wait, not append.
     waiters = [asyncio.create_task(timeline.delete_run("r1", "alice")) for _ in range(10)]
-    await asyncio.sleep(0.01)
+    await eventually(
+        lambda: timeline.runs.delete_waiters("r1") == 10,
+        within=10,
+        awaiting=lambda: f"10 deleters parked, {timeline.runs.delete_waiters('r1')} are",
+    )
     assert not any(w.done() for w in waiters)
     faults.release.set()
     with pytest.raises(AppendFailedError):
@@ -115,7 +120,11 @@ async def test_a_cancelled_winner_still_settles_and_waiters_progress(
     winner = asyncio.create_task(timeline.delete_run("r1", "alice"))
     assert await asyncio.to_thread(faults.entered.wait, 10)
     waiter = asyncio.create_task(timeline.delete_run("r1", "alice"))
-    await asyncio.sleep(0.01)
+    await eventually(
+        lambda: timeline.runs.delete_waiters("r1") == 1,
+        within=10,
+        awaiting="the deleter parked on the winner",
+    )
     winner.cancel()
     faults.release.set()
     result = await asyncio.wait_for(waiter, 10)

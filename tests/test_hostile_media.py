@@ -38,6 +38,7 @@ from pipeline.frame import EncodedFrame
 from pipeline.intake import FrameIntake
 from registry.events import Event
 from registry.timeline import Timeline
+from tests.support.eventually import eventually
 from tests.support.hostile_rtp import HostilePublisher, RtpStream, h264_frames
 from tests.support.peers import AiortcPublisher
 from tests.support.servers import normal_push, wait_for_type
@@ -58,6 +59,8 @@ MiB = 1024 * KiB
 H264 = RTCRtpCodecParameters(mimeType="video/H264", clockRate=90000, payloadType=102)
 FU_A_CHUNK = 1300
 """Payload bytes per FU-A packet of the oversized frames (aiortc's own packet size)."""
+WAIT_S = 15
+"""The bound of every wait for the server's side to catch up."""
 RSS_SLACK = 24 * MiB
 """Memory outside the session's media reservation that a huge frame may cost: aiortc's
 jitter buffer (512 RTP packets, each held twice: payload and depayloaded copy, about
@@ -85,21 +88,6 @@ def _rss() -> int:
             if line.startswith("VmRSS:"):
                 return int(line.split()[1]) * KiB
     raise AssertionError("no VmRSS")
-
-
-async def _until(
-    predicate: Callable[[], bool],
-    what: Callable[[], object],
-    wait_s: float = 15,
-    poll_s: float = 0.02,
-) -> None:
-    """Poll ``predicate`` (bounded); on timeout fail with ``what()`` (the counters)."""
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + wait_s
-    while not predicate():
-        if loop.time() > deadline:
-            raise AssertionError(f"timed out ({wait_s}s): {what()}")
-        await asyncio.sleep(poll_s)
 
 
 def _task_state(task: asyncio.Task[Any] | None) -> str:
@@ -134,16 +122,22 @@ class Push:
         full queue, so drops stay exact."""
         for payloads in frames:
             await self.settled()
-            await _until(lambda: self.intake().depth <= 1, self.figures, poll_s=0.001)
+            await eventually(
+                lambda: self.intake().depth <= 1,
+                within=WAIT_S,
+                awaiting=self.awaiting("the decode worker caught up (one frame queued at most)"),
+                every=0.001,
+            )
             await self.pub.send(stream.packets(payloads), self.acked)
 
     async def settled(self) -> None:
         """Wait until the server has unprotected every SRTP/SRTCP packet sent so far
         (packets are handled in order, to the end of aiortc's receive path)."""
-        await _until(
+        await eventually(
             lambda: self.acked() - self.acked0 >= self.pub.wire - self.wire0,
-            self.figures,
-            poll_s=0.001,
+            within=WAIT_S,
+            awaiting=self.awaiting("every packet sent so far unprotected"),
+            every=0.001,
         )
 
     async def packets(self, packets: Any) -> None:
@@ -163,6 +157,10 @@ class Push:
     def guard(self) -> RtpGuard:
         (guard,) = guards_of(t.receiver for t in self.session.pc.getTransceivers())
         return guard
+
+    def awaiting(self, what: str) -> Callable[[], str]:
+        """A wait's failure text: ``what`` it awaited, then :meth:`figures`."""
+        return lambda: f"{what}; {self.figures()}"
 
     def figures(self) -> dict[str, object]:
         """Everything a failed wait should print."""
@@ -232,7 +230,11 @@ async def _hostile(server: TestServer, stream: str, *, audio: bool = False) -> A
             session = manager.find_by_run(pub.run_id)
             assert session is not None and session.supervisor is not None
             push = Push(server, http, pub, session)
-            await _until(lambda: push.session.connected, push.figures)
+            await eventually(
+                lambda: push.session.connected,
+                within=WAIT_S,
+                awaiting=push.awaiting("the session connected"),
+            )
             push.wire0, push.acked0 = pub.wire, push.acked()
             yield push
     finally:
@@ -294,18 +296,34 @@ async def test_garbage_payloads_are_counted_and_decoding_recovers(server: TestSe
     async with _hostile(server, "garbage") as push:
         good = push.pub.stream()
         await push.frames(good, frames[:30])
-        await _until(lambda: push.video().frames_decoded == 29, push.figures)
+        await eventually(
+            lambda: push.video().frames_decoded == 29,
+            within=WAIT_S,
+            awaiting=push.awaiting("29 frames decoded"),
+        )
         await push.frames(good, nal_garbage)
         side = push.pub.stream(ssrc=0x51DE)
         await push.frames(side, ([p] for p in noise))
-        await _until(lambda: push.guard().rtp_malformed == rejected, push.figures)
-        await _until(lambda: push.video().decode_errors >= 1, push.figures)
+        await eventually(
+            lambda: push.guard().rtp_malformed == rejected,
+            within=WAIT_S,
+            awaiting=push.awaiting("every malformed packet rejected"),
+        )
+        await eventually(
+            lambda: push.video().decode_errors >= 1,
+            within=WAIT_S,
+            awaiting=push.awaiting("a decode error"),
+        )
         errors = push.video().decode_errors
         decoded = push.video().frames_decoded
         # Back to well-formed media (IDR frames at 30 and 60): decoding resumes.
         await push.frames(good, frames[30:90])
         await push.settled()
-        await _until(lambda: push.video().frames_decoded >= decoded + 55, push.figures)
+        await eventually(
+            lambda: push.video().frames_decoded >= decoded + 55,
+            within=WAIT_S,
+            awaiting=push.awaiting("55 more frames decoded"),
+        )
 
         intake, video = push.intake().stats(), push.video()
         print(f"\ngarbage: rejected {rejected}; {push.figures()}")
@@ -360,7 +378,11 @@ async def test_payload_types_nobody_negotiated_are_counted_not_decoded(
         )
         good = push.pub.stream()
         await push.frames(good, frames[:30])
-        await _until(lambda: push.video().frames_decoded == 29, push.figures)
+        await eventually(
+            lambda: push.video().frames_decoded == 29,
+            within=WAIT_S,
+            awaiting=push.awaiting("29 frames decoded"),
+        )
         received = sum(len(f) for f in frames[:30])
         sent = 0
         # On the announced SSRC, continuing its sequence (SRTP refuses to go back).
@@ -380,7 +402,11 @@ async def test_payload_types_nobody_negotiated_are_counted_not_decoded(
         assert 127 not in router.payload_type_table
         await push.frames(push.pub.stream(ssrc=0xBAD5, payload_type=127), frames[:5])
         sent += sum(len(f) for f in frames[:5])
-        await _until(lambda: push.guard().rtp_unroutable == sent, push.figures)
+        await eventually(
+            lambda: push.guard().rtp_unroutable == sent,
+            within=WAIT_S,
+            awaiting=push.awaiting("every packet counted unroutable"),
+        )
 
         print(f"\nwrong payload types {wrong} + {audio_pt}: {sent} packets; {push.figures()}")
         assert push.intake().frames_in == 29  # not one of them became a frame
@@ -397,7 +423,11 @@ async def test_payload_types_nobody_negotiated_are_counted_not_decoded(
         # Frame 29, still waiting there for the next frame to start, is lost with it.
         good.sequence = (bad.sequence + 600) & 0xFFFF
         await push.frames(good, frames[30:60])
-        await _until(lambda: push.video().frames_decoded == 58, push.figures)
+        await eventually(
+            lambda: push.video().frames_decoded == 58,
+            within=WAIT_S,
+            awaiting=push.awaiting("58 frames decoded"),
+        )
         assert push.intake().frames_in == 58
         assert push.guard().counts()["unroutable"] == sent
         events = await push.delete()
@@ -426,7 +456,11 @@ async def test_ssrc_changes_churn_and_sequence_jumps_are_bounded(server: TestSer
         await push.packets(a.packets(frames[30][: len(frames[30]) // 2], marker=False))
         b = RtpStream(0xB0B, a.payload_type, sequence=(a.sequence + 20000) & 0xFFFF)
         await push.frames(b, frames[30:90])
-        await _until(lambda: push.video().frames_decoded == 89, push.figures)
+        await eventually(
+            lambda: push.video().frames_decoded == 89,
+            within=WAIT_S,
+            awaiting=push.awaiting("89 frames decoded"),
+        )
         assert push.intake().frames_in == 89  # A's cut frame never became one
         assert push.video().decode_errors == 0
         assert {a.ssrc, b.ssrc} <= set(remote_media_ssrcs(push.receiver()))
@@ -443,7 +477,11 @@ async def test_ssrc_changes_churn_and_sequence_jumps_are_bounded(server: TestSer
             jumpy.sequence = (jumpy.sequence + 32766) & 0xFFFF
         before = push.acked()
         await push.packets(jumps)
-        await _until(lambda: push.acked() >= before + len(jumps), push.figures)
+        await eventually(
+            lambda: push.acked() >= before + len(jumps),
+            within=WAIT_S,
+            awaiting=push.awaiting("every jump taken by the server"),
+        )
         assert len(nack.missing) <= 128
         assert push.session.pc.connectionState == "connected"
 
@@ -457,11 +495,19 @@ async def test_ssrc_changes_churn_and_sequence_jumps_are_bounded(server: TestSer
             stream.ssrc = 0x5000 + index
             await push.packets(stream.packets(frames[31]))
         refused = churn - room
-        await _until(lambda: push.guard().rtp_ssrc_refused == refused, push.figures)
+        await eventually(
+            lambda: push.guard().rtp_ssrc_refused == refused,
+            within=WAIT_S,
+            awaiting=push.awaiting("every extra SSRC refused"),
+        )
         assert len(router.ssrc_table) == MAX_SSRCS
         reports = len(push.pub.receiver_reports)
         # The server's RTCP goes on, and each receiver report fits.
-        await _until(lambda: len(push.pub.receiver_reports) >= reports + 2, push.figures)
+        await eventually(
+            lambda: len(push.pub.receiver_reports) >= reports + 2,
+            within=WAIT_S,
+            awaiting=push.awaiting("two more receiver reports"),
+        )
         assert max(push.pub.receiver_reports) <= MAX_SSRCS
 
         metrics = await push.metrics()
@@ -508,7 +554,11 @@ async def test_huge_frames_are_dropped_as_oversized_within_the_reservation(
         assert reservation == depth * limit  # one video track
         good = push.pub.stream()
         await push.frames(good, frames[:30])
-        await _until(lambda: push.video().frames_decoded == 29, push.figures)
+        await eventually(
+            lambda: push.video().frames_decoded == 29,
+            within=WAIT_S,
+            awaiting=push.awaiting("29 frames decoded"),
+        )
         baseline = peak = _rss()
 
         async def send_sampling(payloads: list[bytes]) -> None:
@@ -522,7 +572,11 @@ async def test_huge_frames_are_dropped_as_oversized_within_the_reservation(
         await push.frames(good, frames[30:60])
         await send_sampling(huge)
         await push.frames(good, frames[60:90])
-        await _until(lambda: push.video().frames_decoded >= 88, push.figures)
+        await eventually(
+            lambda: push.video().frames_decoded >= 88,
+            within=WAIT_S,
+            awaiting=push.awaiting("88 frames decoded"),
+        )
         peak = max(peak, _rss())
         intake = push.intake().stats()
         growth = peak - baseline
@@ -545,11 +599,19 @@ async def test_huge_frames_are_dropped_as_oversized_within_the_reservation(
         push.pub.send_raw([b"", b"", b"\x80" + junk[:SRTP_MAX_DATAGRAM], b"\x90" + junk])
         push.pub.send_raw([b"\x81" + junk[:4000]], stranger=False)  # (asyncio sends no b"")
         push.pub.send_raw([b"\x80" + junk[: SRTP_MAX_DATAGRAM - 1]])  # fits; fails SRTP
-        await _until(lambda: push.guard().datagrams_refused == 5, push.figures)
+        await eventually(
+            lambda: push.guard().datagrams_refused == 5,
+            within=WAIT_S,
+            awaiting=push.awaiting("5 datagrams refused"),
+        )
         tail = push.pub.stream(ssrc=0x7A11)  # still connected and decoding: a fresh IDR
         decoded = push.video().frames_decoded
         await push.frames(tail, frames[60:62])
-        await _until(lambda: push.video().frames_decoded == decoded + 1, push.figures)
+        await eventually(
+            lambda: push.video().frames_decoded == decoded + 1,
+            within=WAIT_S,
+            awaiting=push.awaiting("one more frame decoded"),
+        )
         assert push.session.pc.connectionState == "connected"
 
         body = await push.api()
@@ -579,10 +641,18 @@ async def test_a_publisher_that_stops_mid_frame_and_goes_silent_closes_cleanly(
         good = push.pub.stream()
         await push.frames(good, frames[:30])
         await push.packets(good.packets(frames[30][:5], marker=False))  # 5 of 13 packets
-        await _until(lambda: push.video().frames_decoded == 30, push.figures)
+        await eventually(
+            lambda: push.video().frames_decoded == 30,
+            within=WAIT_S,
+            awaiting=push.awaiting("30 frames decoded"),
+        )
         # Silence. Two more receiver reports from the server: time passed, the loop ran.
         reports = len(push.pub.receiver_reports)
-        await _until(lambda: len(push.pub.receiver_reports) >= reports + 2, push.figures)
+        await eventually(
+            lambda: len(push.pub.receiver_reports) >= reports + 2,
+            within=WAIT_S,
+            awaiting=push.awaiting("two more receiver reports"),
+        )
         intake = push.intake().stats()
         assert (intake.frames_in, intake.depth, intake.dropped_frames) == (30, 0, 0)
         assert push.session.pc.connectionState == "connected"
@@ -608,7 +678,11 @@ async def test_a_publisher_that_vanishes_mid_frame_is_reclaimed(
         good = push.pub.stream()
         await push.frames(good, frames[:30])
         await push.packets(good.packets(frames[30][:5], marker=False))
-        await _until(lambda: push.video().frames_decoded == 30, push.figures)
+        await eventually(
+            lambda: push.video().frames_decoded == 30,
+            within=WAIT_S,
+            awaiting=push.awaiting("30 frames decoded"),
+        )
         vanished = time.monotonic()
         push.pub.vanish()  # no RTCP BYE, no DTLS close_notify: just gone
         events = await push.closed_events()
@@ -724,7 +798,11 @@ async def test_g711_and_g722_on_a_new_ssrc_are_unroutable_when_the_answer_offere
         assert [c.mimeType for c in transceivers["video"]._codecs] == ["video/H264"]
         opus_pt = int(audio_codecs[0].payloadType)
         router = push.receiver().transport._rtp_router
-        await _until(lambda: bool(router.payload_type_table), push.figures)
+        await eventually(
+            lambda: bool(router.payload_type_table),
+            within=WAIT_S,
+            awaiting=push.awaiting("the payload type table built"),
+        )
         # Exactly the answer's payload types are routed (audio: Opus; video: H.264).
         assert set(router.payload_type_table) == {opus_pt, push.pub.video_payload_type}
         answer = push.session.pc.localDescription.sdp
@@ -749,7 +827,11 @@ async def test_g711_and_g722_on_a_new_ssrc_are_unroutable_when_the_answer_offere
                 await push.packets(stream.packets([payload]))
             sent += 25
         await push.settled()
-        await _until(lambda: push.guard().rtp_unroutable == sent, push.figures)
+        await eventually(
+            lambda: push.guard().rtp_unroutable == sent,
+            within=WAIT_S,
+            awaiting=push.awaiting("every packet counted unroutable"),
+        )
         assert audio_intake.stats().frames_in == 0  # not one of them became a frame
         assert (audio_stats().frames_in, audio_stats().frames_decoded) == (0, 0)
         assert {0x0711, 0x0712, 0x0722}.isdisjoint(router.ssrc_table)
@@ -762,7 +844,11 @@ async def test_g711_and_g722_on_a_new_ssrc_are_unroutable_when_the_answer_offere
         for payload in _opus_payloads(25):
             await push.packets(opus.packets([payload]))
         await push.settled()
-        await _until(lambda: audio_stats().frames_decoded >= 1, push.figures)
+        await eventually(
+            lambda: audio_stats().frames_decoded >= 1,
+            within=WAIT_S,
+            awaiting=push.awaiting("an audio frame decoded"),
+        )
         print(f"\ng711/g722: {sent} unroutable; audio {audio_stats().as_dict()}")
         assert router.ssrc_table.get(0x0915) is audio_receiver
         assert audio_stats().codec == "opus" and audio_stats().decode_errors == 0
@@ -792,7 +878,11 @@ async def test_pictures_over_max_pixels_are_decode_errors_not_faults(
         good = push.pub.stream()
         await push.frames(good, frames[:62])  # frame 61 completes IDR 60 (jitter buffer)
         await push.settled()
-        await _until(lambda: push.video().decode_errors == 3, push.figures)
+        await eventually(
+            lambda: push.video().decode_errors == 3,
+            within=WAIT_S,
+            awaiting=push.awaiting("3 decode errors"),
+        )
         video = push.video()
         print(f"\nmax_pixels: {video.as_dict()}")
         assert (video.frames_decoded, video.width) == (0, None)

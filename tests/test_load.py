@@ -33,6 +33,7 @@ from aiohttp.test_utils import TestServer
 
 import whip.config
 from registry.events import Event, NewEvent
+from tests.support.eventually import eventually
 from tests.support.peers import ffmpeg_whip_push
 from whip.appkeys import SESSIONS_KEY, TIMELINE_KEY
 from whip.auth import hash_token
@@ -525,17 +526,19 @@ async def run_of_stream(
     http: aiohttp.ClientSession, server: TestServer, stream: str, wait_s: float = 20
 ) -> str:
     """The run id of the push to ``stream``, found through ``GET /v1/runs`` (bounded)."""
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + wait_s
-    while loop.time() < deadline:
+
+    async def listed() -> str:
         url = server.make_url("/v1/runs").with_query(stream=stream)
         async with http.get(url) as response:
             items = (await response.json())["items"]
         if items:
             assert len(items) == 1, items
             return str(items[0]["id"])
-        await asyncio.sleep(0.05)
-    raise AssertionError(f"no run for stream {stream!r} within {wait_s}s")
+        return ""
+
+    return await eventually(
+        listed, within=wait_s, awaiting=f"a run for stream {stream!r}", every=0.05
+    )
 
 
 @pytest.mark.slow

@@ -143,13 +143,16 @@ async def test_a_lease_gate_bounds_holders_and_takes_back_an_expired_place() -> 
     await stuck
 
     # Every place came back exactly once: two fit at once, a third waits.
+    asking = asyncio.Event()
+
     async def third_holder() -> None:
+        asking.set()  # a free place would be taken (and given back) without a suspension
         async with gate.lease():
             pass
 
     async with gate.lease(), gate.lease():
         third = asyncio.create_task(third_holder())
-        await asyncio.sleep(0.01)  # well within the leases
+        await asking.wait()  # one loop turn, well within the leases
         assert not third.done()
     await asyncio.wait_for(third, 1)
 

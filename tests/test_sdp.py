@@ -730,10 +730,12 @@ def test_valid_offers_round_trip_their_codecs(
 
 @pytest.mark.parametrize("name", GOOD)
 async def test_aiortc_answers_finalize(name: str) -> None:
-    from aiortc import RTCConfiguration, RTCPeerConnection, RTCSessionDescription
+    from aiortc import RTCSessionDescription
+
+    from whip.rtc.peer import new_peer_connection
 
     summary = check_offer(offer(name))
-    pc = RTCPeerConnection(RTCConfiguration(iceServers=[]))
+    pc = new_peer_connection()
     try:
         await pc.setRemoteDescription(RTCSessionDescription(offer(name).decode(), "offer"))
         await pc.setLocalDescription(await pc.createAnswer())

@@ -15,6 +15,7 @@ import pytest
 from pipeline.errors import SupervisorStateError
 from pipeline.intake import FrameIntake
 from pipeline.supervisor import Supervisor, SupervisorState
+from tests.support.eventually import eventually
 from tests.test_decoder import (
     FRAMES,
     H264,
@@ -193,7 +194,11 @@ async def test_a_draining_stop_decodes_every_queued_frame() -> None:
         intake.offer(H264, jitter(data, index))
     assert await asyncio.to_thread(recorder.entered.wait, 5)
     stop = asyncio.ensure_future(runtime.stop_async(10.0, drain_s=5.0))
-    await asyncio.sleep(0.05)
+    await eventually(  # the stop began: the intake is closed, its queue kept for the drain
+        lambda: runtime.state is SupervisorState.STOPPED and intake.closed,
+        within=5,
+        awaiting="the stop requested",
+    )
     assert not stop.done() and intake.depth == FRAMES - 1  # draining, nothing discarded
     recorder.gate.set()
     assert await stop == []

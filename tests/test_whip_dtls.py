@@ -269,7 +269,9 @@ async def test_stock_certificate_cannot_serve_rsa_publisher_as_dtls_client(
 async def test_each_peer_connection_keeps_its_own_certificate() -> None:
     """The wide-cipher certificate is the pair aiortc generated for that peer connection
     (no second generation per POST), so every session keeps its own DTLS identity."""
-    pcs = [RTCPeerConnection() for _ in range(2)]
+    from whip.rtc.peer import new_peer_connection
+
+    pcs: list[RTCPeerConnection] = [new_peer_connection() for _ in range(2)]
     try:
         own = [pc._RTCPeerConnection__certificates for pc in pcs]  # type: ignore[attr-defined]
         for pc in pcs:

@@ -24,10 +24,12 @@ import aiohttp
 import pytest
 from aiohttp.test_utils import TestServer
 
+from bench.support.server_process import wait_ready
 from registry.events import Event, now_ms
 from registry.record import ScanOutcome, decode_frame_at, scan_segment
 from registry.timeline import Timeline, TimelineConfig
 from registry.wal import SEGMENT_SUFFIX
+from tests.support.eventually import eventually
 from tests.support.peers import AiortcPublisher, ffmpeg_whip_push
 from tests.support.servers import serve_argv, wait_for_type
 from whip.appkeys import SESSIONS_KEY, TIMELINE_KEY
@@ -61,15 +63,15 @@ def ingest(
 
 async def wait_for_single_run(timeline: Timeline, wait_s: float = CONNECT_WAIT_S) -> str:
     """The id of the one run the server has created (bounded poll)."""
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + wait_s
-    while loop.time() < deadline:
+
+    def the_run() -> str:
         runs = timeline.runs.list_runs()
         if runs:
             assert len(runs) == 1
             return runs[0].run_id
-        await asyncio.sleep(0.05)
-    raise AssertionError(f"no run within {wait_s}s")
+        return ""
+
+    return await eventually(the_run, within=wait_s, awaiting="a run created", every=0.05)
 
 
 def assert_nothing_held(manager: SessionManager) -> None:
@@ -160,11 +162,12 @@ async def wait_for_media(session: LiveSession, packets: int, wait_s: float) -> N
     poll): a publisher killed before its media starts would measure something else."""
     liveness = session.liveness
     assert liveness is not None
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + wait_s
-    while liveness.media_packets < packets:
-        assert loop.time() < deadline, f"{liveness.media_packets} media packets in {wait_s}s"
-        await asyncio.sleep(0.05)
+    await eventually(
+        lambda: liveness.media_packets >= packets,
+        within=wait_s,
+        awaiting=lambda: f"{packets} media packets, {liveness.media_packets} taken",
+        every=0.05,
+    )
 
 
 @pytest.mark.parametrize("kind", ["aiortc", "ffmpeg"])
@@ -253,48 +256,33 @@ def peek_wal(data_dir: Path) -> list[Event]:
     return events
 
 
-async def wait_ready(base: str, proc: asyncio.subprocess.Process, wait_s: float) -> None:
-    """Poll ``GET /readyz`` until 200 (bounded); fail at once if the server exits."""
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + wait_s
-    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=2)) as http:
-        while loop.time() < deadline:
-            assert proc.returncode is None, f"server exited with {proc.returncode}"
-            try:
-                async with http.get(f"{base}/readyz") as response:
-                    if response.status == 200:
-                        return
-            except aiohttp.ClientConnectionError:
-                pass
-            await asyncio.sleep(0.1)
-    raise AssertionError(f"server not ready within {wait_s}s")
-
-
 async def wait_in_wal(data_dir: Path, run_id: str, etype: str, wait_s: float) -> None:
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + wait_s
-    while loop.time() < deadline:
+    async def durable() -> bool:
         events = await asyncio.to_thread(peek_wal, data_dir)
-        if any(e.run_id == run_id and e.type == etype for e in events):
-            return
-        await asyncio.sleep(0.05)
-    raise AssertionError(f"no durable {etype} for {run_id} within {wait_s}s")
+        return any(e.run_id == run_id and e.type == etype for e in events)
+
+    await eventually(durable, within=wait_s, awaiting=f"a durable {etype} for {run_id}", every=0.05)
 
 
 async def wait_until_sent(publisher: AiortcPublisher, packets: int, wait_s: float) -> None:
     """Wait until the publisher has sent ``packets`` RTP packets in all (bounded poll)."""
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + wait_s
-    while True:
-        sent = 0
+
+    sent = [0]
+
+    async def enough_sent() -> bool:
+        sent[0] = 0
         for sender in publisher.pc.getSenders():
             for stats in (await sender.getStats()).values():
                 if stats.type == "outbound-rtp":
-                    sent += stats.packetsSent
-        if sent >= packets:
-            return
-        assert loop.time() < deadline, f"{sent} packets sent in {wait_s}s"
-        await asyncio.sleep(0.05)
+                    sent[0] += stats.packetsSent
+        return sent[0] >= packets
+
+    await eventually(
+        enough_sent,
+        within=wait_s,
+        awaiting=lambda: f"{packets} RTP packets sent, {sent[0]} were",
+        every=0.05,
+    )
 
 
 async def test_sigterm_closes_sessions_durably_and_exits_zero(tmp_path: Path) -> None:
@@ -314,7 +302,7 @@ async def test_sigterm_closes_sessions_durably_and_exits_zero(tmp_path: Path) ->
     restrict_host_addresses(["127.0.0.1"])  # our own publisher: loopback only
     publisher = AiortcPublisher()
     try:
-        await wait_ready(base, proc, CONNECT_WAIT_S)
+        await wait_ready(base, lambda: proc.returncode, CONNECT_WAIT_S)
         async with aiohttp.ClientSession() as http:
             response = await publisher.publish(http, f"{base}/whip/term")
             assert response.status == 201

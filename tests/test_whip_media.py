@@ -13,7 +13,6 @@ import contextlib
 import io
 import random
 import threading
-import time
 from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -25,6 +24,7 @@ from aiohttp.test_utils import TestServer
 from pipeline.analyzers.thumbnail import thumbnail_size
 from registry.timeline import Timeline
 from tests.support import media_processors
+from tests.support.eventually import eventually, eventually_blocking
 from tests.support.media_push import MEDIA, PushResult, clip_info, push_file
 from tests.support.servers import normal_push
 from whip.app import create_app
@@ -93,40 +93,30 @@ def _rss() -> int:
 async def _live_session(
     manager: SessionManager, push: asyncio.Future[Any], wait_s: float = 20
 ) -> LiveSession:
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + wait_s
-    while loop.time() < deadline and not push.done():
+    def live_with_pipeline() -> LiveSession | None:
+        if push.done():
+            push.result()  # raise the publisher's error, if any
+            raise AssertionError("no live session: the push ended")
         live = manager.table.live()
-        if live and live[0].supervisor is not None:
-            return live[0]
-        await asyncio.sleep(0.02)
-    if push.done():
-        push.result()  # raise the publisher's error, if any
-    raise AssertionError("no live session")
+        return live[0] if live and live[0].supervisor is not None else None
 
-
-async def _until(predicate: Callable[[], bool], wait_s: float, what: str) -> None:
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + wait_s
-    while not predicate():
-        if loop.time() > deadline:
-            raise AssertionError(f"timed out ({wait_s}s) waiting for {what}")
-        await asyncio.sleep(0.02)
+    return await eventually(live_with_pipeline, within=wait_s, awaiting="a live session")
 
 
 async def _events_until(
     timeline: Timeline, run_id: str, etype: str, wait_s: float = 15
 ) -> list[tuple[str, dict[str, Any]]]:
     """Every event of the run, once one of type ``etype`` is there."""
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + wait_s
-    while True:
+    types: list[str] = []
+
+    async def events_with_etype() -> list[tuple[str, dict[str, Any]]] | None:
         events = [(e.type, e.data) for e in await timeline.read_events(run_id, 0, 1000)]
-        if any(t == etype for t, _ in events):
-            return events
-        if loop.time() > deadline:
-            raise AssertionError(f"no {etype} in {[t for t, _ in events]}")
-        await asyncio.sleep(0.05)
+        types[:] = [t for t, _ in events]
+        return events if etype in types else None
+
+    return await eventually(
+        events_with_etype, within=wait_s, awaiting=lambda: f"a {etype} in {types}", every=0.05
+    )
 
 
 def _video(session: LiveSession) -> Any:
@@ -161,17 +151,20 @@ async def test_fixture_clip_is_decoded_analyzed_and_thumbnailed(
     holder: list[LiveSession] = []
 
     def drained() -> None:
-        # On the publisher thread, before its DELETE: a DELETE discards what is still
-        # queued (by design), so on a loaded machine let the worker catch up first
-        # (bounded). The clip's last frame stays in aiortc's jitter buffer (no next
-        # frame completes it), so 179 of 180 is the best case.
-        deadline = time.monotonic() + 5
-        while holder and time.monotonic() < deadline:
+        # On the publisher thread, before its DELETE: the DELETE's clean close drains
+        # the queue for a bounded time only, so on a loaded machine let the worker catch
+        # up first (best effort, 5 s: the final stats' assertion decides). The clip's
+        # last frame stays in aiortc's jitter buffer (no next frame completes it), so 179
+        # of 180 is the best case. No pause for the frame the worker holds: it finishes
+        # that frame before it exits, and the final stats are read after the join.
+        def caught_up() -> bool:
+            if not holder:
+                return True
             intake = holder[0].intakes[0]
-            if intake.depth == 0 and intake.delivered >= clip.packets - 1:
-                break
-            time.sleep(0.02)
-        time.sleep(0.1)  # the last delivered frame is decoded and analyzed
+            return intake.depth == 0 and intake.delivered >= clip.packets - 1
+
+        with contextlib.suppress(AssertionError):
+            eventually_blocking(caught_up, within=5, awaiting="the worker caught up")
 
     push = _start_push(server, TWO_SCENES, max_seconds=20, before_close=drained)
     session = await _live_session(manager, push)
@@ -206,9 +199,9 @@ async def test_fixture_clip_is_decoded_analyzed_and_thumbnailed(
     expected = thumbnail_size(clip.width, clip.height, 640)
     assert "thumbnail" in seen, "no thumbnail while live"
     assert seen["thumbnail"][:2] == b"\xff\xd8"
-    assert _decode_jpeg(seen["thumbnail"]) == expected
+    assert await asyncio.to_thread(_decode_jpeg, seen["thumbnail"]) == expected  # off the loop
     path = manager.config.server.data_dir / "thumbnails" / f"{run_id}.jpg"
-    assert _decode_jpeg(path.read_bytes()) == expected
+    assert await asyncio.to_thread(_decode_jpeg, path.read_bytes()) == expected
     figures = manager.budget.figures()
     assert (figures.bytes_reserved, figures.threads_reserved) == (0, 0)
 
@@ -293,7 +286,11 @@ async def test_blocked_processor_drops_within_the_reservation_and_resumes_at_a_k
     assert stalled <= decoded_at_block + 1
     # Decoding resumes: the queued frames first, then (FFmpeg's muxer ignores PLI; the
     # GOP is 1 s) the next keyframe and the frames after it.
-    await _until(lambda: _video(session).frames_decoded >= stalled + 30, 10, "decoding to resume")
+    await eventually(
+        lambda: _video(session).frames_decoded >= stalled + 30,
+        within=10,
+        awaiting="decoding to resume",
+    )
     video = _video(session)
     assert video.decode_errors == 0, video.last_error
     assert session.analysis.video_stats.keyframes_decoded > keyframes_at_block
@@ -367,7 +364,7 @@ async def test_hung_processor_is_a_forced_shutdown_and_others_are_still_served(
     try:
         push = _start_push(server, TWO_SCENES, max_seconds=2.0)
         session = await _live_session(manager, push)
-        await _until(media_processors.hanging.is_set, 10, "the processor to hang")
+        await eventually(media_processors.hanging.is_set, within=10, awaiting="the processor hung")
         await asyncio.wait_for(push, 15)  # closing the muxer DELETEs the session
         events = await _events_until(timeline, session.run_id, "session_closed")
         types = [t for t, _ in events]
@@ -393,7 +390,7 @@ async def test_hung_processor_is_a_forced_shutdown_and_others_are_still_served(
         assert manager.budget.figures().bytes_kept == session.permit.nbytes  # still kept
     finally:
         media_processors.hang_release.set()
-    await _until(lambda: not hung[0].is_alive(), 5, "the released thread to end")
+    await eventually(lambda: not hung[0].is_alive(), within=5, awaiting="the released thread ended")
 
 
 # ---------------------------------------------------------------- 4. corrupt media
@@ -549,9 +546,13 @@ async def test_decode_error_while_a_keyframe_is_queued_loses_no_decodable_frame(
     timeline: Timeline = server.app[TIMELINE_KEY]
     push = _start_push(server, TWO_SCENES, max_seconds=20, corrupt=corrupt)
     session = await _live_session(manager, push)
-    await _until(media_processors.blocked.is_set, 20, "the processor holds the worker")
+    await eventually(
+        media_processors.blocked.is_set, within=20, awaiting="the processor holds the worker"
+    )
     (video,) = [intake for intake in session.intakes if intake.kind == "video"]
-    await _until(lambda: video.frames_in >= 64, 20, "keyframe 60 and more queued")
+    await eventually(
+        lambda: video.frames_in >= 64, within=20, awaiting="keyframe 60 and more queued"
+    )
     assert video.dropped_frames == 0
     media_processors.block_release.set()
     result = await push

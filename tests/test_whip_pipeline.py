@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 from aiohttp.test_utils import TestServer
 
+from tests.support.eventually import eventually
 from tests.support.peers import ffmpeg_whip_push
 from tests.support.servers import make_config
 from whip.app import create_app
@@ -29,22 +30,29 @@ async def test_ffmpeg_push_is_decoded_by_our_threads_not_aiortcs(server: TestSer
     push = asyncio.create_task(
         asyncio.to_thread(ffmpeg_whip_push, str(server.make_url("/whip/decoded")), 4.0)
     )
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + 20
-    seen: dict[str, object] = {}
-    while not push.done() and loop.time() < deadline:  # bounded: sample while it streams
+
+    def decoded_while_live() -> dict[str, object] | None:  # sampled while it streams
+        if push.done():
+            assert push.result() == 120
+            raise AssertionError("no decoded video while the push was live")
         live = manager.table.live()
         if live and live[0].supervisor is not None:
             video = live[0].supervisor.stats().get("decode-video")
             if video is not None and video.frames_decoded >= 30:
-                seen = {
+                return {
                     "size": (video.width, video.height),
                     "errors": video.decode_errors,
                     "threads": sorted(t.name for t in threading.enumerate()),
                     "intake_depth_max": max(i.stats().max_depth for i in live[0].intakes),
                 }
-                break
-        await asyncio.sleep(0.05)
+        return None
+
+    seen = await eventually(
+        decoded_while_live,
+        within=20,
+        awaiting="30 frames decoded while the push was live",
+        every=0.05,
+    )
     assert await push == 120
     assert seen, "no decoded video while the push was live"
     assert seen["size"] == (320, 180) and seen["errors"] == 0
@@ -82,26 +90,34 @@ async def test_thumbnail_route_live_then_from_disk(tmp_path: Path) -> None:
             asyncio.to_thread(ffmpeg_whip_push, str(server.make_url("/whip/thumbs")), 3.0)
         )
         async with aiohttp.ClientSession() as http:
-            loop = asyncio.get_running_loop()
-            deadline = loop.time() + 20
-            live_jpeg = b""
-            while not push.done() and loop.time() < deadline:  # bounded sampling
+
+            async def live_thumbnail() -> bytes:  # sampled while the session is live
+                if push.done():
+                    await push
+                    raise AssertionError("a JPEG served while the session was live")
                 live = manager.table.live()
                 if live:
                     url = server.make_url(f"/v1/runs/{live[0].run_id}/thumbnail.jpg")
                     answer = await http.get(url)
                     if answer.status == 200:
                         assert answer.headers["Content-Type"] == "image/jpeg"
-                        live_jpeg = await answer.read()
-                        break
+                        return await answer.read()
                     assert answer.status == 404
                     assert (await answer.json())["error"]["code"] == "no_thumbnail"
-                await asyncio.sleep(0.1)
+                return b""
+
+            live_jpeg = await eventually(
+                live_thumbnail, within=20, awaiting="a live thumbnail", every=0.1
+            )
             await push
             assert live_jpeg[:2] == b"\xff\xd8", "a JPEG served while the session was live"
-            with av.open(io.BytesIO(live_jpeg)) as picture:
-                frame = next(picture.decode(video=0))
-                assert (frame.width, frame.height) == (320, 180)
+
+            def jpeg_size(data: bytes) -> tuple[int, int]:  # a decode: off the loop
+                with av.open(io.BytesIO(data)) as picture:
+                    frame = next(picture.decode(video=0))
+                    return frame.width, frame.height
+
+            assert await asyncio.to_thread(jpeg_size, live_jpeg) == (320, 180)
             (run,) = manager.timeline.runs.list_runs()
             on_disk = await http.get(server.make_url(f"/v1/runs/{run.run_id}/thumbnail.jpg"))
             assert on_disk.status == 200 and (await on_disk.read())[:2] == b"\xff\xd8"

@@ -10,6 +10,7 @@ import aiohttp
 import pytest
 from aiohttp.test_utils import TestServer
 
+from tests.support.eventually import eventually
 from tests.support.peers import AiortcPublisher
 from whip.appkeys import SESSIONS_KEY, TIMELINE_KEY
 from whip.session_manager import SessionManager
@@ -115,22 +116,19 @@ async def test_a_client_that_hangs_up_mid_post_leaves_no_half_built_session(
     await writer.drain()
     writer.close()  # gone before any answer
     await writer.wait_closed()
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + 10
-    while not manager.table.live():  # bounded: the admission lands or the test fails
-        assert loop.time() < deadline, "the detached admission never completed"
-        await asyncio.sleep(0.01)
+    await eventually(
+        manager.table.live, within=10, awaiting="the detached admission completed", every=0.01
+    )
     # Fully built: a live session owned by its reclaimer, its run_created durable.
     (session,) = manager.table.live()
     (run,) = timeline.runs.list_runs()
     assert session.run_id == run.run_id and session.reclaimer is not None
-    loop_deadline = loop.time() + 10
-    closes: list[dict[str, object]] = []
-    seen = 1
-    while not closes and loop.time() < loop_deadline:
-        batch = await timeline.wait_for_events(run.run_id, seen, wait_s=loop_deadline - loop.time())
-        closes += [e.data for e in batch if e.type == "session_closed"]
-        seen = batch[-1].seq if batch else seen
-    assert closes == [{"reason": "peer_gone"}]
+
+    async def closes() -> list[dict[str, object]]:
+        events = await timeline.read_events(run.run_id, 0, 1000)
+        return [e.data for e in events if e.type == "session_closed"]
+
+    closed = await eventually(closes, within=10, awaiting="the session closed")
+    assert closed == [{"reason": "peer_gone"}]
     assert len(manager.table) == 0 and manager.slots.reserved() == 0
     assert manager.budget.figures().bytes_reserved == 0

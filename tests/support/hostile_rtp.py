@@ -28,10 +28,12 @@ from typing import Any
 
 import aiohttp
 import av
-from aiortc import RTCConfiguration, RTCPeerConnection, RTCSessionDescription
+from aiortc import RTCSessionDescription
 from aiortc.codecs.h264 import H264Encoder
 from aiortc.rtcrtpsender import RTCRtpSender
 from aiortc.rtp import RtcpPacket, RtcpRrPacket, RtpPacket
+
+from whip.rtc.peer import new_peer_connection
 
 VIDEO_CLOCK_HZ = 90_000
 FRAME_TICKS = VIDEO_CLOCK_HZ // 30
@@ -116,7 +118,7 @@ class HostilePublisher:
     """
 
     def __init__(self, *, audio: bool = False) -> None:
-        self.pc = RTCPeerConnection(RTCConfiguration(iceServers=[]))
+        self.pc = new_peer_connection()
         self.audio = audio
         self.states: list[str] = []
         self.connected = asyncio.Event()

@@ -1,65 +1,15 @@
-"""Real publishers for tests: an aiortc peer that pushes over WHIP on loopback."""
+"""Real publishers for tests: an aiortc peer and FFmpeg's WHIP muxer, on loopback.
+
+:class:`AiortcPublisher` is the benches' own (``bench/support/publisher.py``: the system
+crash loop runs it in both), named here for the tests; :func:`ffmpeg_whip_push` is the
+tests' alone.
+"""
 
 from __future__ import annotations
 
-import asyncio
-from dataclasses import dataclass, field
+from bench.support.publisher import AiortcPublisher
 
-import aiohttp
-from aiortc import RTCConfiguration, RTCPeerConnection, RTCSessionDescription
-from aiortc.mediastreams import AudioStreamTrack, VideoStreamTrack
-
-
-@dataclass
-class AiortcPublisher:
-    """One aiortc publisher: offer, POST, apply the answer, stream test media."""
-
-    pc: RTCPeerConnection = field(
-        default_factory=lambda: RTCPeerConnection(RTCConfiguration(iceServers=[]))
-    )
-    states: list[str] = field(default_factory=list)
-    connected: asyncio.Event = field(default_factory=asyncio.Event)
-    location: str = ""
-    run_id: str = ""
-
-    async def offer(self, audio: bool = True, video: bool = True) -> str:
-        """Create the offer SDP (gathering done)."""
-
-        def on_change() -> None:
-            self.states.append(self.pc.connectionState)
-            if self.pc.connectionState == "connected":
-                self.connected.set()
-
-        self.pc.on("connectionstatechange", on_change)
-        if video:
-            self.pc.addTransceiver(VideoStreamTrack(), direction="sendonly")
-        if audio:
-            self.pc.addTransceiver(AudioStreamTrack(), direction="sendonly")
-        await self.pc.setLocalDescription(await self.pc.createOffer())
-        return str(self.pc.localDescription.sdp)
-
-    async def answer(self, sdp: str) -> None:
-        """Apply the server's answer."""
-        await self.pc.setRemoteDescription(RTCSessionDescription(sdp=sdp, type="answer"))
-
-    async def publish(
-        self, http: aiohttp.ClientSession, url: str, headers: dict[str, str] | None = None
-    ) -> aiohttp.ClientResponse:
-        """Offer, POST and (on 201) apply the answer; returns the response (body read)."""
-        offer = await self.offer()
-        response = await http.post(
-            url, data=offer, headers={"Content-Type": "application/sdp", **(headers or {})}
-        )
-        body = await response.text()
-        if response.status == 201:
-            self.location = response.headers["Location"]
-            self.run_id = response.headers["X-Run-Id"]
-            await self.answer(body)
-        return response
-
-    async def close(self) -> None:
-        """Close the peer connection."""
-        await self.pc.close()
+__all__ = ["AiortcPublisher", "ffmpeg_whip_push"]
 
 
 def ffmpeg_whip_push(

@@ -1,19 +1,24 @@
-"""Real in-process servers for tests: a config builder and the start/stop helper that
-the ``whip_servers`` fixture (tests/conftest.py) wraps."""
+"""Real servers for tests: in-process ones (a config builder and the start/stop helper
+that the ``whip_servers`` fixture in tests/conftest.py wraps), a wait for a run's event,
+a well-behaved push, and the command line of a server process.
+
+:func:`serve_argv` is the benches' own (``bench/support/server_process.py``: the system
+crash loop starts servers with it in both), named here for the tests.
+"""
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import sys
 from pathlib import Path
 from typing import Any
 
 import aiohttp
 from aiohttp.test_utils import TestServer
 
+from bench.support.server_process import serve_argv
 from registry.events import Event
 from registry.timeline import Timeline
+from tests.support.eventually import eventually
 from tests.support.peers import AiortcPublisher
 from whip.app import create_app
 from whip.appkeys import TIMELINE_KEY
@@ -65,18 +70,21 @@ class ServerPool:
 
 
 async def wait_for_type(timeline: Timeline, run_id: str, etype: str, wait_s: float = 20) -> Event:
-    """The first ``etype`` event of ``run_id``, long-polling the timeline (bounded)."""
+    """The first ``etype`` event of ``run_id``, long-polling the timeline (bounded: each
+    long-poll is cut off at the bound)."""
     seen = 0
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + wait_s
-    while (remaining := deadline - loop.time()) > 0:
-        batch = await timeline.wait_for_events(run_id, seen, wait_s=min(remaining, 60))
+
+    async def arrived() -> Event | None:
+        nonlocal seen
+        batch = await timeline.wait_for_events(run_id, seen, wait_s=60)
         for event in batch:
             if event.type == etype:
                 return event
         if batch:
             seen = batch[-1].seq
-    raise AssertionError(f"no {etype} for {run_id} within {wait_s}s")
+        return None
+
+    return await eventually(arrived, within=wait_s, awaiting=f"a {etype} of {run_id}", every=0)
 
 
 async def normal_push(server: TestServer, stream: str) -> AiortcPublisher:
@@ -99,34 +107,4 @@ async def normal_push(server: TestServer, stream: str) -> AiortcPublisher:
     return publisher
 
 
-def serve_argv(port: int, data_dir: Path, *extra: str) -> list[str]:
-    """The command line of a real server process on 127.0.0.1 (tests that kill,
-    signal or restart the server need a separate process)."""
-    return [
-        sys.executable,
-        "-m",
-        "whip",
-        "serve",
-        "--host",
-        "127.0.0.1",
-        "--port",
-        str(port),
-        "--data-dir",
-        str(data_dir),
-        *extra,
-    ]
-
-
-async def metric_values(http: aiohttp.ClientSession, base: str) -> dict[str, float]:
-    """Every sample of the server's ``/metrics`` as ``{"name{labels}": value}`` (raises
-    on a non-200 answer)."""
-    async with http.get(f"{base}/metrics") as response:
-        response.raise_for_status()
-        text = await response.text()
-    values: dict[str, float] = {}
-    for line in text.splitlines():
-        if line and not line.startswith("#"):
-            name, _, value = line.rpartition(" ")
-            with contextlib.suppress(ValueError):
-                values[name] = float(value)
-    return values
+__all__ = ["ServerPool", "make_config", "normal_push", "serve_argv", "wait_for_type"]

@@ -1,13 +1,16 @@
-"""The server under test as a subprocess, shared by the bench scripts.
+"""The server under test as a subprocess, shared by the bench scripts and the tests.
 
-``python -m whip serve`` (or a wrapper that runs it the same way) on a free 127.0.0.1
-port with its own ``--data-dir``, stdout and stderr to a log file, a clean environment
-(no inherited ``WHIP_INGEST_*``, only the overrides given). Its PID is recorded and only
-it is ever signalled: SIGINT to stop (graceful: closes live sessions, flushes the
-timeline), SIGKILL only past the deadline.
+:class:`ServerProcess` runs ``python -m whip serve`` (or a wrapper that runs it the same
+way) on a free 127.0.0.1 port with its own ``--data-dir``, stdout and stderr to a log
+file, a clean environment (no inherited ``WHIP_INGEST_*``, only the overrides given). Its
+PID is recorded and only it is ever signalled: SIGINT to stop (graceful: closes live
+sessions, flushes the timeline), SIGKILL only past the deadline.
 
-This module must not import the ``whip`` package: ``bench/whip.py`` imports it, and run
-as ``python bench/whip.py`` that script itself is ``whip`` on ``sys.path``.
+:func:`serve_argv` is that command line (tests that kill, signal or restart the server
+build their own process from it); :func:`wait_ready` is the one readiness wait
+(``GET /readyz`` until 200, failing at once if the process exits).
+
+Nothing here imports the ``whip`` package: the command line runs it in another process.
 """
 
 from __future__ import annotations
@@ -22,13 +25,13 @@ import subprocess
 import sys
 import time
 from collections import Counter
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 import aiohttp
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 HOST = "127.0.0.1"
 READY_TIMEOUT_S = 30.0
 
@@ -43,6 +46,43 @@ def free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         sock.bind((HOST, 0))
         return int(sock.getsockname()[1])
+
+
+def serve_args(port: int, data_dir: Path, *extra: str) -> list[str]:
+    """``serve`` and its flags on HOST (``extra``: more flags): what follows the launcher."""
+    return ["serve", "--host", HOST, "--port", str(port), "--data-dir", str(data_dir), *extra]
+
+
+def serve_argv(port: int, data_dir: Path, *extra: str) -> list[str]:
+    """The command line of a real server process on HOST (``extra``: more flags)."""
+    return [sys.executable, "-m", "whip", *serve_args(port, data_dir, *extra)]
+
+
+async def wait_ready(
+    base: str, exit_code: Callable[[], int | None], within_s: float = READY_TIMEOUT_S
+) -> float:
+    """Poll ``GET {base}/readyz`` until 200, at most ``within_s`` seconds; the seconds it
+    took. ``exit_code()`` is the process's exit status (None while it runs): an exit
+    ends the wait at once. Raises :class:`RuntimeError` (exited, or not ready in time).
+    Its own client session: no connection to the server is left open afterwards.
+
+    Cancellation: stops polling; the process keeps running.
+    """
+    started = time.monotonic()
+    deadline = started + within_s
+    timeout = aiohttp.ClientTimeout(total=2)
+    async with aiohttp.ClientSession(timeout=timeout) as http:
+        while True:
+            code = exit_code()
+            if code is not None:
+                raise RuntimeError(f"server exited with {code}")
+            with contextlib.suppress(aiohttp.ClientError, OSError):
+                async with http.get(f"{base}/readyz") as response:
+                    if response.status == 200:
+                        return time.monotonic() - started
+            if time.monotonic() >= deadline:
+                raise RuntimeError(f"server not ready within {within_s} s")
+            await asyncio.sleep(0.05)
 
 
 def media_budget_env(sessions: int) -> dict[str, str]:
@@ -81,11 +121,8 @@ class ServerProcess:
         self.stop_timeout_s = stop_timeout_s
         self.port = free_port()
         self.base = f"http://{HOST}:{self.port}"
-        self.cmd = [
-            sys.executable, *launcher, "serve",
-            "--host", HOST, "--port", str(self.port), "--data-dir", str(data_dir),
-            "--max-sessions", str(max_sessions), "--stream-limit", str(max_sessions),
-        ]  # fmt: skip
+        limits = ("--max-sessions", str(max_sessions), "--stream-limit", str(max_sessions))
+        self.cmd = [sys.executable, *launcher, *serve_args(self.port, data_dir, *limits)]
         self.env_overrides = dict(env_overrides)
         env = {k: v for k, v in os.environ.items() if not k.startswith("WHIP_INGEST_")}
         env.update(bench_env or {})
@@ -110,19 +147,14 @@ class ServerProcess:
 
         Cancellation: stops polling; the process keeps running (``shutdown`` stops it).
         """
-        deadline = self.spawned_at + READY_TIMEOUT_S
-        async with aiohttp.ClientSession() as http:
-            while time.monotonic() < deadline:
-                if self.proc.poll() is not None:
-                    raise RuntimeError(f"server exited with {self.proc.returncode}: {self.tail()}")
-                with contextlib.suppress(aiohttp.ClientError, OSError):
-                    async with http.get(f"{self.base}/readyz") as response:
-                        if response.status == 200:
-                            self.ready_s = round(time.monotonic() - self.spawned_at, 3)
-                            self.log(f"server ready after {self.ready_s} s")
-                            return self.ready_s
-                await asyncio.sleep(0.05)
-        raise RuntimeError(f"server not ready within {READY_TIMEOUT_S} s: {self.tail()}")
+        left = self.spawned_at + READY_TIMEOUT_S - time.monotonic()
+        try:
+            await wait_ready(self.base, self.proc.poll, left)
+        except RuntimeError as exc:
+            raise RuntimeError(f"{exc}: {self.tail()}") from None
+        self.ready_s = round(time.monotonic() - self.spawned_at, 3)
+        self.log(f"server ready after {self.ready_s} s")
+        return self.ready_s
 
     def tail(self, lines: int = 20) -> str:
         """The last ``lines`` lines of the server log ("" if unreadable)."""

@@ -2,9 +2,9 @@
 
 As a program (the child)::
 
-    python tests/support/crash_writer.py DATA_DIR --tag TAG --seed SEED [--producers N]
+    python bench/support/crash_writer.py DATA_DIR --tag TAG --seed SEED [--producers N]
         [--threads N] [--segment-bytes B] [--max-seconds S]
-    python tests/support/crash_writer.py DATA_DIR --hold
+    python bench/support/crash_writer.py DATA_DIR --hold
 
 The writer opens a :class:`Timeline` on ``DATA_DIR`` and appends under load until it is
 killed: ``--producers`` asyncio tasks (``await append``) and ``--threads`` worker threads
@@ -20,7 +20,8 @@ lines, so a line is written atomically and lines from threads never interleave):
 ``--hold`` opens the data dir, prints ``ready <pid>``, holds the lock until its stdin
 is closed, then closes the timeline and prints ``closed``.
 
-As a module (the parent, used by ``tests/test_crash.py`` and ``bench/crash.py``):
+As a module (the parent, used by ``tests/test_crash.py`` and ``bench/crash.py``; the
+frame walk also by ``tests/test_corruption.py`` and the system crash loop):
 :class:`WriterProcess` runs and kills a writer while reading its confirmations on a
 thread; :func:`verify_reopened` checks a reopened timeline against every confirmation
 ever read; :func:`run_iteration` is one spawn -> kill -> reopen -> verify -> close round.
