@@ -344,8 +344,8 @@ async def poll_sessions(
                 if isinstance(item, dict) and "stream" in item:
                     last[item["stream"]] = {"read_at": now} | {
                         k: item.get(k)
-                        for k in ("id", "run_id", "packets_received", "packets_lost", "jitter",
-                                  "frames_dropped", "queue_depth", "connected")
+                        for k in ("id", "run_id", "packets_received", "packets_lost", "jitter_ms",
+                                  "drops", "queue_depth", "connected")
                     }  # fmt: skip
     return last, samples
 
