@@ -5,7 +5,7 @@ Ownership and threads:
 - The writer thread (``wal-writer``) owns the active segment's file descriptor, the
   sequence counter and the :class:`~registry.index.EventIndex`. Nobody else writes them.
 - Producers hand :class:`~registry.events.NewEvent` objects in through a bounded
-  :class:`~registry.submission.SubmissionQueue`. The event is encoded (and its size
+  :class:`~registry.wal_queue.WalQueue`. The event is encoded (and its size
   checked) on the producer's side, so an oversized event fails its own caller.
 - Group commit: the writer takes everything queued, assigns consecutive seqs, writes the
   frames with one ``pwrite`` and makes them durable with one ``fdatasync``. Only then are
@@ -73,7 +73,7 @@ from registry.record import (
     scan_frames,
     scan_segment,
 )
-from registry.submission import SubmissionQueue
+from registry.wal_queue import WalQueue
 
 logger = logging.getLogger(__name__)
 
@@ -225,7 +225,7 @@ class Wal:
         self.confirm_latency = Histogram(LATENCY_S)
         """Seconds from an asyncio append's start to its future being resolved on its
         loop (observed once per batch and loop; thread producers are not timed)."""
-        self._queue: SubmissionQueue[_Pending] = SubmissionQueue(self.options.queue_capacity)
+        self._queue: WalQueue[_Pending] = WalQueue(self.options.queue_capacity)
         self._segments: list[Path] = []
         self._readers: dict[int, int] = {}
         self._readers_lock = threading.Lock()
@@ -688,7 +688,7 @@ class Wal:
         """Append durably and return the seq.
 
         One coroutine, no intermediate awaits: encode, queue without waiting when there
-        is room (:meth:`SubmissionQueue.offer`), then wait for the writer's confirmation.
+        is room (:meth:`WalQueue.offer`), then wait for the writer's confirmation.
 
         Cancellation: before the event is queued, nothing is written; after, the event is
         still written (the writer does not look back) but the caller no longer learns

@@ -1,4 +1,4 @@
-"""The bounded queue between producers and the WAL writer thread.
+"""The WAL's bounded producer queue: between every producer and the one writer thread.
 
 Rules:
 
@@ -32,7 +32,7 @@ def _wake(futures: list[asyncio.Future[None]]) -> None:
             fut.set_result(None)
 
 
-class SubmissionQueue[T]:
+class WalQueue[T]:
     """Bounded multi-producer, single-consumer queue with thread and asyncio producers."""
 
     def __init__(self, capacity: int = 1024) -> None:
