@@ -59,10 +59,10 @@ from typing import Any
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))  # before bench/ (``bench/whip.py`` would shadow ``whip``)
 
+from registry.confirmations import settle_futures  # noqa: E402
 from registry.events import EventType, NewEvent  # noqa: E402
 from registry.snapshot import DEFAULT_TAIL_EVENTS  # noqa: E402
 from registry.timeline import Timeline, TimelineConfig  # noqa: E402
-from registry.wal import settle_futures  # noqa: E402
 from whip.eventloop import DEFAULT_EVENT_LOOP, EventLoopKind, new_event_loop  # noqa: E402
 from whip.gcpolicy import DEFAULT_YOUNG_THRESHOLD, set_young_threshold  # noqa: E402
 

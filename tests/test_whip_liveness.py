@@ -26,8 +26,8 @@ from aiohttp.test_utils import TestServer
 
 from registry.events import Event, now_ms
 from registry.record import ScanOutcome, decode_frame_at, scan_segment
+from registry.segments import SEGMENT_SUFFIX
 from registry.timeline import Timeline, TimelineConfig
-from registry.wal import SEGMENT_SUFFIX
 from tests.servers import serve_argv, wait_for_type
 from tests.whip_peers import AiortcPublisher, ffmpeg_whip_push
 from whip.app import TIMELINE_KEY
