@@ -11,7 +11,7 @@ DATA_DIR ?= ./data
 
 venv: $(STAMP)
 
-$(STAMP): pyproject.toml registry/_walcodec.c registry/_newevent.c
+$(STAMP): pyproject.toml registry/_newevent.c
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
 	$(BIN)/pip install --quiet -e '.[test,dev]'

@@ -48,12 +48,7 @@ from registry.errors import (
 from registry.events import Event, NewEvent
 from registry.histogram import LATENCY_S, Histogram
 from registry.index import OFFSET_BITS, EventIndex, Position
-from registry.record import (
-    DEFAULT_MAX_RECORD_BYTES,
-    FRAME_OVERHEAD,
-    encode_body_positional,
-    encode_frames,
-)
+from registry.record import DEFAULT_MAX_RECORD_BYTES, FRAME_OVERHEAD, encode_body, encode_frames
 from registry.recovery import RecordHook, RecoveryReport, recover_segments
 from registry.segments import SegmentFiles
 from registry.wal_queue import WalQueue
@@ -373,7 +368,7 @@ class Wal:
     def _encode(self, event: NewEvent) -> bytes:
         if self._broken is not None or self._queue.closed:
             self._refuse()
-        return encode_body_positional(event, self._max_record_bytes)
+        return encode_body(event, self._max_record_bytes)
 
     async def submit(self, event: NewEvent) -> asyncio.Future[int]:
         """Queue ``event``; the returned future resolves to its seq once it is durable.
@@ -403,7 +398,7 @@ class Wal:
         started = _monotonic()
         if self._broken is not None:  # a closed queue refuses in offer/put
             self._refuse()
-        body = encode_body_positional(event, self._max_record_bytes)
+        body = encode_body(event, self._max_record_bytes)
         loop = asyncio.get_running_loop()
         fut: asyncio.Future[int] = loop.create_future()
         item: PendingAppend = (event, body, loop, fut, started)
