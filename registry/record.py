@@ -104,7 +104,9 @@ def encode_json(data: object) -> bytes:
     except orjson.JSONEncodeError:
         pass
     else:
-        if b"null" not in text or not _has_non_finite(data):
+        # find(), not ``in``: bytes.__contains__ first tries its argument as an int and
+        # pays for the TypeError, several times the cost of the search itself.
+        if text.find(b"null") < 0 or not _has_non_finite(data):
             return text
     # Outside the except block: the standard library's error carries no orjson context.
     return _stdlib_encoder.encode(data).encode()
