@@ -10,8 +10,9 @@ Sections (all in one run):
 
    - ``timeline``: asyncio tasks, each ``await timeline.append(NewEvent(...))`` in a loop;
    - ``timeline_without_c``: the same in a child process started with ``--without-c``,
-     where the registry runs without its C extension (``registry._newevent``) on its
-     pure-Python reference: the figure with and without the remaining C, side by side;
+     where the registry runs without its C extensions (``registry._framing``,
+     ``registry._newevent``) on their pure-Python references: the figure with and
+     without the remaining C, side by side;
    - ``timeline_interpreter_gc``, ``timeline_asyncio_loop``: the same with the
      interpreter's GC thresholds, and on the standard library's event loop;
    - ``sqlite_per_event``: the naive service: producer threads share one connection
@@ -66,7 +67,7 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))  # before bench/ (``bench/whip.py`` would shadow ``whip``)
 
 WITHOUT_C_FLAG = "--without-c"
-C_EXTENSIONS = ("registry._newevent",)
+C_EXTENSIONS = ("registry._framing", "registry._newevent")
 """The registry's C extensions; each module that uses one keeps a pure-Python reference."""
 if WITHOUT_C_FLAG in sys.argv[1:]:
     # Before registry is imported: its modules then run their pure-Python references.
@@ -74,6 +75,7 @@ if WITHOUT_C_FLAG in sys.argv[1:]:
         sys.modules[_name] = None
 
 from registry import events as registry_events  # noqa: E402
+from registry import record as registry_record  # noqa: E402
 from registry.confirmations import settle_futures  # noqa: E402
 from registry.events import EventType, NewEvent  # noqa: E402
 from registry.snapshot import DEFAULT_TAIL_EVENTS  # noqa: E402
@@ -1284,7 +1286,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         doc["machine"] = machine_info(base)
         doc["machine"]["gc_threshold"] = list(gc.get_threshold())
-        doc["c_extensions"] = {"registry._newevent": registry_events.HAVE_C_NEW_EVENT}
+        doc["c_extensions"] = {
+            "registry._framing": registry_record.HAVE_C_FRAMING,
+            "registry._newevent": registry_events.HAVE_C_NEW_EVENT,
+        }
         if "appends" in args.sections:
             t0 = time.perf_counter()
             doc["appends"] = appends_section(fresh_dir(base, "appends"), args)

@@ -1,5 +1,9 @@
 """WAL record codec and segment scanner. Pure: no files, no threads (sans-IO).
 
+The encoding functions here are the reference; their glue around orjson and crc32c also
+runs in C (``registry/_framing.c``, bound at the end of the encoding section), with these
+as its slow path.
+
 Frame layout (little endian)::
 
     u32 length | u32 crc32c(payload) | payload[length]
@@ -53,6 +57,7 @@ import struct
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from enum import Enum
+from typing import Protocol
 
 import crc32c
 import orjson
@@ -112,7 +117,7 @@ def encode_json(data: object) -> bytes:
     return _stdlib_encoder.encode(data).encode()
 
 
-def encode_body(event: NewEvent, max_record_bytes: int = DEFAULT_MAX_RECORD_BYTES) -> bytes:
+def _py_encode_body(event: NewEvent, max_record_bytes: int = DEFAULT_MAX_RECORD_BYTES) -> bytes:
     """Encode everything of the payload but the seq (which only the writer knows).
 
     Raises :class:`EventTooLargeError` when the whole frame would exceed
@@ -143,12 +148,7 @@ def encode_body(event: NewEvent, max_record_bytes: int = DEFAULT_MAX_RECORD_BYTE
     return body
 
 
-def encode_frame(seq: int, body: bytes) -> bytes:
-    """Prefix ``body`` with its seq and frame it with length and CRC32C."""
-    return encode_frames(seq, (body,))
-
-
-def encode_frames(first_seq: int, bodies: Iterable[bytes]) -> bytes:
+def _py_encode_frames(first_seq: int, bodies: Iterable[bytes]) -> bytes:
     """The frames of ``bodies`` with consecutive seqs from ``first_seq``, concatenated.
 
     Frame ``i`` is ``FRAME_OVERHEAD + len(bodies[i])`` long. One join for the batch (the
@@ -166,6 +166,47 @@ def encode_frames(first_seq: int, bodies: Iterable[bytes]) -> bytes:
         append(body)
         seq += 1
     return b"".join(parts)
+
+
+class BodyEncoder(Protocol):
+    """:func:`_py_encode_body`'s signature."""
+
+    def __call__(self, event: NewEvent, max_record_bytes: int = ...) -> bytes: ...
+
+
+class FramesEncoder(Protocol):
+    """:func:`_py_encode_frames`'s signature."""
+
+    def __call__(self, first_seq: int, bodies: Iterable[bytes]) -> bytes: ...
+
+
+# The glue around orjson and crc32c in C, ``registry._framing`` (a required part of the
+# build; see pyproject.toml): the same bytes and errors (tests/test_framing.py compares
+# them), every call off its fast path handled by the two functions above, which stay the
+# reference. Why C at all: in Python this glue costs more per append than orjson and the
+# CRC themselves (docs/PERFORMANCE.md).
+try:
+    from registry._framing import configure as _c_configure
+    from registry._framing import encode_body as _c_encode_body
+    from registry._framing import encode_frames as _c_encode_frames
+except ImportError:  # pragma: no cover - the bench's --without-c: the pure Python above
+    HAVE_C_FRAMING = False
+else:
+    HAVE_C_FRAMING = True
+    _c_configure(_py_encode_body, _py_encode_frames, _orjson_dumps, _ORJSON_OPTIONS, crc32c.crc32c)
+
+encode_body: BodyEncoder = _c_encode_body if HAVE_C_FRAMING else _py_encode_body
+"""``encode_body(event, max_record_bytes=DEFAULT_MAX_RECORD_BYTES)``: the record body of
+``event`` (:func:`_py_encode_body`, its glue in C when ``registry._framing`` is built)."""
+encode_frames: FramesEncoder = _c_encode_frames if HAVE_C_FRAMING else _py_encode_frames
+"""``encode_frames(first_seq, bodies)``: the frames of ``bodies`` with consecutive seqs from
+``first_seq``, concatenated (:func:`_py_encode_frames`, in C when ``registry._framing`` is
+built)."""
+
+
+def encode_frame(seq: int, body: bytes) -> bytes:
+    """Prefix ``body`` with its seq and frame it with length and CRC32C."""
+    return encode_frames(seq, [body])
 
 
 def decode_payload(payload: bytes | memoryview) -> Event:

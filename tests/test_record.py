@@ -180,13 +180,19 @@ def test_anything_but_zeros_after_a_zero_gap_is_not_unwritten_space() -> None:
 
 
 def test_the_c_extensions_are_built() -> None:
-    """``make test`` builds ``registry._newevent`` (pyproject ext-modules, optional so an
-    install without a compiler still works). Without it every append runs the slower
+    """``make test`` builds ``registry._framing`` and ``registry._newevent`` (pyproject
+    ext-modules, required). Were one missing, every append would run the slower
     pure-Python path, which nothing else would notice: fail here instead."""
     import registry.events as events
+    import registry.record as record
 
     missing = [
-        name for name, built in (("registry._newevent", events.HAVE_C_NEW_EVENT),) if not built
+        name
+        for name, built in (
+            ("registry._framing", record.HAVE_C_FRAMING),
+            ("registry._newevent", events.HAVE_C_NEW_EVENT),
+        )
+        if not built
     ]
     assert not missing, (
         f"not built: {missing}; reinstall with a C compiler (`pip install -e .` builds "
