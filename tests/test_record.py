@@ -201,9 +201,10 @@ def test_the_c_extensions_are_built() -> None:
 
 
 # ------------------------------------------------------------- the JSON of ``data``
-# (moved from tests/test_walcodec.py when the C codec went: every outcome that held for
-# the reference still holds for the one implementation; only the float and non-ASCII
-# spelling of the JSON text changed, see registry/record.py)
+# (moved from tests/test_walcodec.py when its C codec went: every outcome that held for
+# the reference still holds, through whichever encode_body registry.record binds; only
+# the float and non-ASCII spelling of the JSON text changed, see registry/record.py. The
+# C glue against the reference: tests/test_framing.py.)
 
 
 def _stdlib_json(data: object) -> bytes:
