@@ -9,6 +9,12 @@ Sections (all in one run):
    concurrent producers, side by side for
 
    - ``timeline``: asyncio tasks, each ``await timeline.append(NewEvent(...))`` in a loop;
+   - ``timeline_without_c``: the same in a child process started with ``--without-c``,
+     where the registry runs without its C extensions (``registry._framing``,
+     ``registry._newevent``) on their pure-Python references: the figure with and
+     without the remaining C, side by side;
+   - ``timeline_interpreter_gc``, ``timeline_asyncio_loop``: the same with the
+     interpreter's GC thresholds, and on the standard library's event loop;
    - ``sqlite_per_event``: the naive service: producer threads share one connection
      guarded by a lock, one INSERT + COMMIT per event (the primary per-event baseline);
    - ``sqlite_per_event_own_conn``: the other naive shape, one connection per producer
@@ -29,6 +35,7 @@ Usage::
     .venv/bin/python bench/wal.py            # default, a few minutes
     .venv/bin/python bench/wal.py --quick    # ~30 s smoke run
     .venv/bin/python bench/wal.py --help
+    .venv/bin/python bench/wal.py --sections appends --producers 256 --repeat 3
 """
 
 from __future__ import annotations
@@ -59,10 +66,20 @@ from typing import Any
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))  # before bench/ (``bench/whip.py`` would shadow ``whip``)
 
+WITHOUT_C_FLAG = "--without-c"
+C_EXTENSIONS = ("registry._framing", "registry._newevent")
+"""The registry's C extensions; each module that uses one keeps a pure-Python reference."""
+if WITHOUT_C_FLAG in sys.argv[1:]:
+    # Before registry is imported: its modules then run their pure-Python references.
+    for _name in C_EXTENSIONS:
+        sys.modules[_name] = None
+
+from registry import events as registry_events  # noqa: E402
+from registry import record as registry_record  # noqa: E402
+from registry.confirmations import settle_futures  # noqa: E402
 from registry.events import EventType, NewEvent  # noqa: E402
 from registry.snapshot import DEFAULT_TAIL_EVENTS  # noqa: E402
 from registry.timeline import Timeline, TimelineConfig  # noqa: E402
-from registry.wal import settle_futures  # noqa: E402
 from whip.eventloop import DEFAULT_EVENT_LOOP, EventLoopKind, new_event_loop  # noqa: E402
 from whip.gcpolicy import DEFAULT_YOUNG_THRESHOLD, set_young_threshold  # noqa: E402
 
@@ -73,12 +90,23 @@ COLD_SCALING_TOLERANCE = 1.5
 
 STORES = (
     "timeline",
+    "timeline_without_c",
     "timeline_interpreter_gc",
     "timeline_asyncio_loop",
     "sqlite_per_event",
     "sqlite_per_event_own_conn",
     "sqlite_batched",
 )
+SUMMARY_RATIOS = (
+    ("timeline", "sqlite_per_event"),
+    ("timeline", "sqlite_per_event_own_conn"),
+    ("timeline", "sqlite_batched"),
+    ("timeline_without_c", "sqlite_per_event"),
+    ("timeline", "timeline_without_c"),
+    ("timeline_interpreter_gc", "sqlite_per_event"),
+    ("timeline_asyncio_loop", "sqlite_per_event"),
+)
+"""The ``ratio_<a>_vs_<b>`` figures of each producer count's summary (appends/s medians)."""
 INTERPRETER_YOUNG_THRESHOLD = 700
 """CPython's default young-generation threshold (``gc.get_threshold()[0]``)."""
 
@@ -86,6 +114,14 @@ STORE_DESCRIPTIONS: dict[str, dict[str, str]] = {
     "timeline": {
         "producers": "asyncio tasks on one event loop",
         "append": "await timeline.append(NewEvent(...)); returns once durable",
+        "durability": "registry WAL: group commit, one pwrite + fdatasync per batch",
+    },
+    "timeline_without_c": {
+        "producers": "asyncio tasks on one event loop",
+        "append": "the same as timeline, in a child process (bench/wal.py "
+        f"{WITHOUT_C_FLAG}) where the registry runs without its C extensions "
+        f"({', '.join(C_EXTENSIONS)}) on their pure-Python references; shows what the "
+        "remaining C is worth",
         "durability": "registry WAL: group commit, one pwrite + fdatasync per batch",
     },
     "timeline_interpreter_gc": {
@@ -619,9 +655,40 @@ def summarize_load(store: str, producers: int, rep: int, out: LoadOutcome) -> di
     }
 
 
+def run_without_c(producers: int, rep: int, base: Path, args: argparse.Namespace) -> dict[str, Any]:
+    """The ``timeline`` store in a child process without the registry's C extensions (an
+    extension cannot be unloaded from this one)."""
+    argv = [
+        sys.executable,
+        str(Path(__file__).resolve()),
+        WITHOUT_C_FLAG,
+        "--sections=appends",
+        "--stores=timeline",
+        f"--producers={producers}",
+        "--repeat=1",
+        f"--warmup={args.warmup}",
+        f"--duration={args.duration}",
+        f"--min-runs={args.min_runs}",
+        f"--dir={base}",
+        "--raw-latencies",
+    ]
+    child = subprocess.run(argv, capture_output=True, text=True, check=False)
+    if child.returncode != 0:
+        raise RuntimeError(f"{' '.join(argv)} failed:\n{child.stderr}")
+    doc = json.loads(child.stdout)
+    if any(doc["c_extensions"].values()):
+        raise RuntimeError(f"the child still loaded C extensions: {doc['c_extensions']}")
+    (result,) = doc["appends"]["raw"]
+    result.update(store="timeline_without_c", repetition=rep, c_extensions=doc["c_extensions"])
+    result["_latencies"] = result.pop("latencies_s")
+    return result
+
+
 def run_append_config(
     store: str, producers: int, rep: int, base: Path, args: argparse.Namespace
 ) -> dict[str, Any]:
+    if store == "timeline_without_c":
+        return run_without_c(producers, rep, base, args)
     data_dir = fresh_dir(base, f"{store}-p{producers}-r{rep}")
     runs = [f"p{producers}-r{i:04d}" for i in range(max(producers, args.min_runs))]
     gc.collect()
@@ -682,7 +749,7 @@ def appends_section(base: Path, args: argparse.Namespace) -> dict[str, Any]:
     raw: list[dict[str, Any]] = []
     for rep in range(args.repeat):
         for producers in args.producers:
-            for store in STORES:
+            for store in args.stores:
                 result = run_append_config(store, producers, rep, base, args)
                 log(
                     f"appends rep={rep} producers={producers:>3} {store:<26} "
@@ -694,7 +761,7 @@ def appends_section(base: Path, args: argparse.Namespace) -> dict[str, Any]:
     summary: dict[str, Any] = {}
     for producers in args.producers:
         per_store: dict[str, Any] = {}
-        for store in STORES:
+        for store in args.stores:
             reps = [r for r in raw if r["store"] == store and r["producers"] == producers]
             rates = [r["appends_per_s"] for r in reps]
             pooled = [lat for r in reps for lat in r["_latencies"]]
@@ -703,29 +770,17 @@ def appends_section(base: Path, args: argparse.Namespace) -> dict[str, Any]:
                 "appends_per_s_runs": rates,
                 "latency_ms_pooled": percentiles(pooled, 1e3),
             }
-        ours = per_store["timeline"]["appends_per_s_median"]
-        summary[str(producers)] = {
-            "stores": per_store,
-            "ratio_timeline_vs_sqlite_per_event": ratio(
-                ours, per_store["sqlite_per_event"]["appends_per_s_median"]
-            ),
-            "ratio_timeline_vs_sqlite_per_event_own_conn": ratio(
-                ours, per_store["sqlite_per_event_own_conn"]["appends_per_s_median"]
-            ),
-            "ratio_timeline_vs_sqlite_batched": ratio(
-                ours, per_store["sqlite_batched"]["appends_per_s_median"]
-            ),
-            "ratio_timeline_interpreter_gc_vs_sqlite_per_event": ratio(
-                per_store["timeline_interpreter_gc"]["appends_per_s_median"],
-                per_store["sqlite_per_event"]["appends_per_s_median"],
-            ),
-            "ratio_timeline_asyncio_loop_vs_sqlite_per_event": ratio(
-                per_store["timeline_asyncio_loop"]["appends_per_s_median"],
-                per_store["sqlite_per_event"]["appends_per_s_median"],
-            ),
-        }
+        summary[str(producers)] = {"stores": per_store}
+        for ours, theirs in SUMMARY_RATIOS:
+            if ours in per_store and theirs in per_store:
+                summary[str(producers)][f"ratio_{ours}_vs_{theirs}"] = ratio(
+                    per_store[ours]["appends_per_s_median"],
+                    per_store[theirs]["appends_per_s_median"],
+                )
     for r in raw:
-        del r["_latencies"]
+        latencies = r.pop("_latencies")
+        if args.raw_latencies:
+            r["latencies_s"] = latencies
     return {
         "method": {
             "event": "NewEvent(run_id, 'stats', 'bench', {fps, bitrate_kbps, frames, dropped}); "
@@ -1063,17 +1118,23 @@ def evaluate_targets(doc: dict[str, Any]) -> list[dict[str, Any]]:
     appends = doc.get("appends")
     if appends:
         summary = appends["summary"]
-        if "256" in summary:
-            measured = summary["256"]["ratio_timeline_vs_sqlite_per_event"]
-            targets.append(
-                {
-                    "name": "appends/s at 256 producers >= 20x sqlite one-transaction-per-event "
-                    "(shared connection)",
-                    "measured": measured,
-                    "pass": measured is not None and measured >= PER_EVENT_RATIO_TARGET,
-                }
-            )
+        for key, which in (
+            ("ratio_timeline_vs_sqlite_per_event", ""),
+            ("ratio_timeline_without_c_vs_sqlite_per_event", ", without the C extensions"),
+        ):
+            if key in summary.get("256", {}):
+                measured = summary["256"][key]
+                targets.append(
+                    {
+                        "name": "appends/s at 256 producers >= 20x sqlite "
+                        f"one-transaction-per-event (shared connection){which}",
+                        "measured": measured,
+                        "pass": measured is not None and measured >= PER_EVENT_RATIO_TARGET,
+                    }
+                )
         for producers, block in summary.items():
+            if "ratio_timeline_vs_sqlite_batched" not in block:
+                continue
             measured = block["ratio_timeline_vs_sqlite_batched"]
             targets.append(
                 {
@@ -1124,6 +1185,21 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     )
     parser.add_argument("--keep", action="store_true", help="keep the data dirs")
     parser.add_argument(
+        WITHOUT_C_FLAG,
+        action="store_true",
+        help="run the registry without its C extensions (their pure-Python references)",
+    )
+    parser.add_argument(
+        "--stores",
+        default=",".join(STORES),
+        help=f"comma list of append stores (default: all of {','.join(STORES)})",
+    )
+    parser.add_argument(
+        "--raw-latencies",
+        action="store_true",
+        help="keep every append's latency in the raw results (timeline_without_c's child)",
+    )
+    parser.add_argument(
         "--sections",
         default="appends,log",
         help="comma list of: appends, log (log = reads + recovery)",
@@ -1172,6 +1248,9 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
             setattr(args, name, quick_value if quick else full_value)
     args.producers = [int(p) for p in str(args.producers).split(",") if p]
     args.sections = {s.strip() for s in str(args.sections).split(",") if s.strip()}
+    args.stores = [s.strip() for s in str(args.stores).split(",") if s.strip()]
+    if unknown_stores := set(args.stores) - set(STORES):
+        parser.error(f"unknown stores: {sorted(unknown_stores)}")
     unknown = args.sections - {"appends", "log"}
     if unknown:
         parser.error(f"unknown sections: {sorted(unknown)}")
@@ -1207,6 +1286,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         doc["machine"] = machine_info(base)
         doc["machine"]["gc_threshold"] = list(gc.get_threshold())
+        doc["c_extensions"] = {
+            "registry._framing": registry_record.HAVE_C_FRAMING,
+            "registry._newevent": registry_events.HAVE_C_NEW_EVENT,
+        }
         if "appends" in args.sections:
             t0 = time.perf_counter()
             doc["appends"] = appends_section(fresh_dir(base, "appends"), args)

@@ -6,12 +6,9 @@ event's batch is written. A :class:`Event` is what was made durable. Both are im
 
 Both are tuples (``NamedTuple``), not the frozen slots dataclasses STYLE.md asks for on
 hot paths: every append builds one of each, on the one core the GIL gives producers and
-WAL writer together, and at 256 producers a whole append costs ~9 us of that core.
-Measured (CPython 3.12, this project's bench machine, ``timeit``): ``NewEvent`` with its
-checks 1.9 us as a frozen slots dataclass, 0.85 us here in Python, 0.34 us with its
-constructor in C (``registry._newevent``, below); ``Event`` 1.24 us as a frozen
-slots dataclass, 0.41 us as a ``NamedTuple``, 0.23 us through ``tuple.__new__`` (what the
-writer thread does). Both stay immutable (attribute assignment raises, as on a frozen
+WAL writer together, and a tuple costs a fraction of a dataclass to build (the writer
+builds ``Event`` through ``tuple.__new__``, cheaper still; figures in
+docs/PERFORMANCE.md). Both stay immutable (attribute assignment raises, as on a frozen
 dataclass); the price is tuple behaviour: indexing, unpacking, and equality with a plain
 tuple of the same fields.
 """
@@ -143,14 +140,14 @@ _py_new = NewEvent.__new__
 """The pure-Python ``NewEvent.__new__``: the reference, and the C constructor's slow path
 (kept as the class's function, so its errors still name ``NewEvent.__new__()``)."""
 
-# The constructor in C where ``registry._newevent`` is built (``pip install``; see
+# The constructor in C, ``registry._newevent`` (a required part of the build; see
 # pyproject.toml): the same instances and errors (tests/test_newevent_fast.py compares
-# them), 0.34 us instead of 0.85 us. Its fast path reads _valid_ids and _valid_types by
-# reference: clear them, never rebind them.
+# them) at a fraction of the cost (docs/PERFORMANCE.md). Its fast path reads _valid_ids
+# and _valid_types by reference: clear them, never rebind them.
 try:
     from registry._newevent import configure as _c_configure
     from registry._newevent import new_event as _c_new_event
-except ImportError:  # pragma: no cover - extension not built: the pure Python above
+except ImportError:  # pragma: no cover - the bench's --without-c: the pure Python above
     HAVE_C_NEW_EVENT = False
 else:
     HAVE_C_NEW_EVENT = True

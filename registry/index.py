@@ -25,7 +25,7 @@ class Position(NamedTuple):
     """One frame in one segment.
 
     A NamedTuple, not a frozen dataclass: cold reads build one per event and a frozen
-    dataclass costs ~3x more to construct (measured: 1.3 us vs 0.4 us).
+    dataclass costs several times more to construct (docs/PERFORMANCE.md).
     """
 
     segment_id: int

@@ -1,5 +1,9 @@
 """WAL record codec and segment scanner. Pure: no files, no threads (sans-IO).
 
+The encoding functions here are the reference; their glue around orjson and crc32c also
+runs in C (``registry/_framing.c``, bound at the end of the encoding section), with these
+as its slow path.
+
 Frame layout (little endian)::
 
     u32 length | u32 crc32c(payload) | payload[length]
@@ -21,20 +25,42 @@ Rules the scanner enforces:
   tail (a write the crash interrupted) and may be truncated. Otherwise, or in any
   earlier segment, it is **corruption**: records after it exist but cannot be trusted in
   order, so it is reported, never silently skipped.
+
+Rules of the JSON ``data`` (:func:`encode_json`):
+
+- Any JSON text that decodes to the event's object is a valid record: the format fixes
+  the value, not the spelling. Records are decoded with the standard library's
+  ``json.loads``, which reads every record ever written: those of earlier versions
+  (``json.dumps`` with ``separators=(",", ":")``: ASCII escapes, Python's float repr)
+  and those written now. ``orjson.loads`` is not used: it reads integers beyond 64
+  bits as floats.
+- orjson writes the text: compact, keys in insertion order, text as UTF-8 (not
+  ``\\uXXXX`` escapes), floats as the shortest text that reads back as the same float
+  (``1e-7`` where Python writes ``1e-07``, ``0.00001`` for ``1e-05``).
+- The set of storable values stays what the standard library accepts (with
+  ``allow_nan=False``): what orjson refuses but the standard library writes (integers
+  beyond 64 bits, non-``str`` or ``str``-subclass keys, lone surrogates, nesting deeper
+  than orjson's 254 levels) is written by the standard library; datetimes and
+  dataclasses, which orjson would convert, are handed to the standard library, which
+  refuses them; NaN and infinities, which orjson writes as ``null``, are refused. What
+  neither takes raises the standard library's error. Two kinds of value orjson writes
+  that the standard library refused are stored as orjson writes them: ``uuid.UUID`` (a
+  string) and plain ``enum.Enum`` members (their value).
 """
 
 from __future__ import annotations
 
 import json
-import json.encoder
+import math
 import re
 import struct
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from enum import Enum
-from typing import Any
+from typing import Protocol
 
 import crc32c
+import orjson
 
 from registry.errors import EventTooLargeError, InvalidEventError
 from registry.events import Event, NewEvent
@@ -46,41 +72,49 @@ PAYLOAD_HEADER = struct.Struct("<QqHHH")
 MIN_PAYLOAD = PAYLOAD_HEADER.size
 DEFAULT_MAX_RECORD_BYTES = 64 * 1024
 
-FRAME_OVERHEAD = FRAME_HEADER.size + SEQ.size
+SEQ_SIZE = SEQ.size
+FRAME_START = struct.Struct("<IIQ")
+"""A frame's header and the seq that starts its payload."""
+FRAME_OVERHEAD = FRAME_START.size
 """Bytes a frame adds to its body (length, CRC, seq)."""
+_pack_body_header = BODY_HEADER.pack
 
 
-def _not_serializable(value: object) -> object:
-    raise TypeError(f"Object of type {type(value).__name__} is not JSON serializable")
+_ORJSON_OPTIONS = orjson.OPT_PASSTHROUGH_DATETIME | orjson.OPT_PASSTHROUGH_DATACLASS
+"""Datetimes and dataclasses go to the fallback (which refuses them), not to ISO text and
+dicts: an event's data reads back as what was appended, or is refused."""
+_orjson_dumps = orjson.dumps
+_stdlib_encoder = json.JSONEncoder(separators=(",", ":"), allow_nan=False, check_circular=False)
 
 
-# One C encoder for the whole process, called directly: ``JSONEncoder.encode`` builds a
-# new one (and a float formatter) on every call. Measured on a small ``stats`` dict:
-# 2.9 us through ``JSONEncoder.encode``, 1.4 us direct. No circular-reference markers:
-# a cycle ends in RecursionError instead, refused like any other non-JSON data. The
-# output is byte-identical to ``json.dumps(data, separators=(",", ":"))``.
-_c_make_encoder: Any = getattr(json.encoder, "c_make_encoder", None)
-if _c_make_encoder is not None:
-    _json_chunks = _c_make_encoder(
-        None,
-        _not_serializable,
-        json.encoder.encode_basestring_ascii,
-        None,
-        ":",
-        ",",
-        False,
-        False,
-        False,
-    )
+def _has_non_finite(value: object) -> bool:
+    """Whether a NaN or an infinity is anywhere in ``value`` (dicts, lists, tuples)."""
+    if isinstance(value, float):
+        return not math.isfinite(value)
+    if isinstance(value, dict):
+        return any(_has_non_finite(v) for v in value.values())
+    if isinstance(value, list | tuple):
+        return any(_has_non_finite(v) for v in value)
+    return False
 
-    def _encode_json(data: object) -> str:
-        return "".join(_json_chunks(data, 0))
 
-else:  # pragma: no cover - CPython always has the C accelerator
-    _fallback = json.JSONEncoder(separators=(",", ":"), allow_nan=False, check_circular=False)
+def encode_json(data: object) -> bytes:
+    """``data`` as compact UTF-8 JSON text (the JSON rules of the module docstring).
 
-    def _encode_json(data: object) -> str:
-        return _fallback.encode(data)
+    Raises ``TypeError``, ``ValueError`` or ``RecursionError`` (the standard library's
+    errors) where ``data`` is not JSON.
+    """
+    try:
+        text = _orjson_dumps(data, None, _ORJSON_OPTIONS)
+    except orjson.JSONEncodeError:
+        pass
+    else:
+        # find(), not ``in``: bytes.__contains__ first tries its argument as an int and
+        # pays for the TypeError, several times the cost of the search itself.
+        if text.find(b"null") < 0 or not _has_non_finite(data):
+            return text
+    # Outside the except block: the standard library's error carries no orjson context.
+    return _stdlib_encoder.encode(data).encode()
 
 
 def _py_encode_body(event: NewEvent, max_record_bytes: int = DEFAULT_MAX_RECORD_BYTES) -> bytes:
@@ -89,88 +123,90 @@ def _py_encode_body(event: NewEvent, max_record_bytes: int = DEFAULT_MAX_RECORD_
     Raises :class:`EventTooLargeError` when the whole frame would exceed
     ``max_record_bytes``, :class:`InvalidEventError` when ``data`` is not JSON.
     """
-    run_id = event.run_id.encode()
-    etype = event.type.encode()
-    principal = event.principal.encode()
+    run_id, etype, principal, data, ts_ms = event
+    raw_run = run_id.encode()
+    raw_type = etype.encode()
+    raw_principal = principal.encode()
     try:
-        data = _encode_json(event.data).encode()
+        raw_data = encode_json(data)
     except (TypeError, ValueError, RecursionError) as exc:
         raise InvalidEventError(f"event data is not serializable JSON: {exc}") from exc
     body = b"".join(
         (
-            BODY_HEADER.pack(event.ts_ms, len(run_id), len(etype), len(principal)),
-            run_id,
-            etype,
-            principal,
-            data,
+            _pack_body_header(ts_ms, len(raw_run), len(raw_type), len(raw_principal)),
+            raw_run,
+            raw_type,
+            raw_principal,
+            raw_data,
         )
     )
     if FRAME_OVERHEAD + len(body) > max_record_bytes:
         raise EventTooLargeError(
-            f"event of type {event.type!r} encodes to {FRAME_OVERHEAD + len(body)} bytes; "
+            f"event of type {etype!r} encodes to {FRAME_OVERHEAD + len(body)} bytes; "
             f"the limit is {max_record_bytes}"
         )
     return body
 
 
-def encode_frame(seq: int, body: bytes) -> bytes:
-    """Prefix ``body`` with its seq and frame it with length and CRC32C."""
-    seq_bytes = SEQ.pack(seq)
-    crc = crc32c.crc32c(body, crc32c.crc32c(seq_bytes))
-    return FRAME_HEADER.pack(len(body) + SEQ.size, crc) + seq_bytes + body
-
-
 def _py_encode_frames(first_seq: int, bodies: Iterable[bytes]) -> bytes:
     """The frames of ``bodies`` with consecutive seqs from ``first_seq``, concatenated.
 
-    Same bytes as joining :func:`encode_frame` of each; frame ``i`` is
-    ``FRAME_OVERHEAD + len(bodies[i])`` long. One join for the batch (the writer's
-    ``pwrite``) instead of a concatenation per frame.
+    Frame ``i`` is ``FRAME_OVERHEAD + len(bodies[i])`` long. One join for the batch (the
+    writer's ``pwrite``) instead of a concatenation per frame.
     """
     parts: list[bytes] = []
     append = parts.append
     pack_seq = SEQ.pack
-    pack_header = FRAME_HEADER.pack
+    pack_frame_start = FRAME_START.pack
     checksum = crc32c.crc32c
-    seq_size = SEQ.size
     seq = first_seq
     for body in bodies:
-        seq_bytes = pack_seq(seq)
-        append(pack_header(len(body) + seq_size, checksum(body, checksum(seq_bytes))))
-        append(seq_bytes)
+        crc = checksum(body, checksum(pack_seq(seq)))
+        append(pack_frame_start(len(body) + SEQ_SIZE, crc, seq))
         append(body)
         seq += 1
     return b"".join(parts)
 
 
-# The hot path in C where ``registry._walcodec`` is built (``pip install``; see
-# pyproject.toml): the same bytes and errors (tests/test_walcodec.py compares them),
-# ~0.2 us instead of ~2.2 us per body, ~35 ns instead of ~500 ns per frame. The two
-# functions above are the reference and the fallback.
+class BodyEncoder(Protocol):
+    """:func:`_py_encode_body`'s signature."""
+
+    def __call__(self, event: NewEvent, max_record_bytes: int = ...) -> bytes: ...
+
+
+class FramesEncoder(Protocol):
+    """:func:`_py_encode_frames`'s signature."""
+
+    def __call__(self, first_seq: int, bodies: Iterable[bytes]) -> bytes: ...
+
+
+# The glue around orjson and crc32c in C, ``registry._framing`` (a required part of the
+# build; see pyproject.toml): the same bytes and errors (tests/test_framing.py compares
+# them), every call off its fast path handled by the two functions above, which stay the
+# reference. Why C at all: in Python this glue costs more per append than orjson and the
+# CRC themselves (docs/PERFORMANCE.md).
 try:
-    from registry._walcodec import configure as _c_configure
-    from registry._walcodec import encode_body as _c_encode_body
-    from registry._walcodec import encode_frames as _c_encode_frames
-except ImportError:  # pragma: no cover - extension not built: the pure Python above
-    HAVE_C_CODEC = False
+    from registry._framing import configure as _c_configure
+    from registry._framing import encode_body as _c_encode_body
+    from registry._framing import encode_frames as _c_encode_frames
+except ImportError:  # pragma: no cover - the bench's --without-c: the pure Python above
+    HAVE_C_FRAMING = False
 else:
-    HAVE_C_CODEC = True
-    _c_configure(InvalidEventError, EventTooLargeError, _encode_json, crc32c.crc32c)
+    HAVE_C_FRAMING = True
+    _c_configure(_py_encode_body, _py_encode_frames, _orjson_dumps, _ORJSON_OPTIONS, crc32c.crc32c)
 
-encode_body_positional: Callable[[NewEvent, int], bytes] = (
-    _c_encode_body if HAVE_C_CODEC else _py_encode_body
-)
-"""``encode_body(event, max_record_bytes)`` without the Python wrapper (the WAL's append)."""
-encode_frames: Callable[[int, Iterable[bytes]], bytes] = (
-    _c_encode_frames if HAVE_C_CODEC else _py_encode_frames
-)
-"""The frames of ``bodies`` with consecutive seqs from ``first_seq``, concatenated
-(:func:`_py_encode_frames`, in C when ``registry._walcodec`` is built)."""
+encode_body: BodyEncoder = _c_encode_body if HAVE_C_FRAMING else _py_encode_body
+"""``encode_body(event, max_record_bytes=DEFAULT_MAX_RECORD_BYTES)``: the record body of
+``event`` (:func:`_py_encode_body`, its glue in C when ``registry._framing`` is built)."""
+encode_frames: FramesEncoder = _c_encode_frames if HAVE_C_FRAMING else _py_encode_frames
+"""``encode_frames(first_seq, bodies)``: the frames of ``bodies`` with consecutive seqs from
+``first_seq``, concatenated (:func:`_py_encode_frames`, in C when ``registry._framing`` is
+built)."""
 
 
-def encode_body(event: NewEvent, max_record_bytes: int = DEFAULT_MAX_RECORD_BYTES) -> bytes:
-    """:func:`_py_encode_body`, in C when ``registry._walcodec`` is built."""
-    return encode_body_positional(event, max_record_bytes)
+def encode_frame(seq: int, body: bytes) -> bytes:
+    """Prefix ``body`` with its seq and frame it with length and CRC32C."""
+    return encode_frames(seq, [body])
 
 
 def decode_payload(payload: bytes | memoryview) -> Event:

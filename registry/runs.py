@@ -29,6 +29,10 @@ keepalive) moves ``last_activity_ms`` forward and reverses it. Nothing is persis
 Retention: deleted runs stay for idempotency in a FIFO of ``deleted_retention``; past
 it, the oldest is evicted (state, principal index, WAL index, warm tail) unless it is
 *pinned* (its workers can still emit), in which case it stays until unpinned.
+
+One concept in one module, though past 500 lines: every field above, both state machines
+and the retention FIFO are kept consistent by the one ``_lock``; split, its invariants
+would live in two files.
 """
 
 from __future__ import annotations

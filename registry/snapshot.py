@@ -18,11 +18,11 @@ Cost: a tail is held as immutable full chunks of :data:`CHUNK_EVENTS` events plu
 the run; each tail sees only the first ``n_open`` entries of it, so what a published
 tail shows never changes. Appending ``k`` events to a run is ``k`` list appends and one
 small tuple; every ``CHUNK_EVENTS`` appends the open chunk is frozen into a tuple. No
-tail is ever copied whole. Measured at 256 producers over 256 runs (one event per run
-and batch, the worst case: every append touches a full 256-event tail): rebuilding
-whole tuples cost 5.3 us per append on the writer thread, this 1.2 us; and garbage
-collection fell from 5.5 to 1.5 us per append with it (every new 256-reference tuple
-was traversed). The ``tails`` dict is still copied once per batch (one C-level copy).
+tail is ever copied whole. Why: with one event per run and batch (the worst case, every
+append touching a full 256-event tail) rebuilding whole tuples made the writer thread
+copy, and the garbage collector traverse, a new 256-reference tuple per append
+(figures in docs/PERFORMANCE.md). The ``tails`` dict is still copied once per batch
+(one C-level copy).
 """
 
 from __future__ import annotations
@@ -56,8 +56,8 @@ class RunTail(NamedTuple):
     event is the run's very first event.
 
     A ``NamedTuple`` rather than a frozen dataclass: one is built per appended run and
-    batch on the writer thread (0.26 us through ``tuple.__new__``; a frozen slots
-    dataclass takes 0.55 us with two fields, ~1.2 us with six). Immutable either way.
+    batch on the writer thread, through ``tuple.__new__``, at a fraction of a frozen
+    slots dataclass's cost (docs/PERFORMANCE.md). Immutable either way.
     """
 
     chunks: tuple[tuple[Event, ...], ...]

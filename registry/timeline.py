@@ -41,6 +41,7 @@ from registry.events import Event, EventType, NewEvent
 from registry.histogram import BATCH_SIZES, Histogram
 from registry.lockfile import DataDirLock
 from registry.record import DEFAULT_MAX_RECORD_BYTES, decode_frame_at, principal_at
+from registry.recovery import RecoveryReport
 from registry.runs import DEFAULT_DELETED_RETENTION, RunRegistry
 from registry.snapshot import (
     DEFAULT_TAIL_EVENTS,
@@ -52,7 +53,6 @@ from registry.waiters import WaitHub
 from registry.wal import (
     DEFAULT_SEGMENT_BYTES,
     DurableBatch,
-    RecoveryReport,
     Wal,
     WalFaults,
     WalHooks,

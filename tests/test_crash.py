@@ -30,8 +30,8 @@ from bench.support.crash_writer import (
 )
 from registry.events import EventType, NewEvent
 from registry.record import encode_body, encode_frame
+from registry.segments import segment_name
 from registry.timeline import Timeline, TimelineConfig
-from registry.wal import segment_name
 
 KILL_ITERATIONS = 20
 SMALL_SEGMENTS = 128 * 1024  # several rotations over the loop, so kills land near them

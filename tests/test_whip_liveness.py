@@ -27,8 +27,8 @@ from aiohttp.test_utils import TestServer
 from bench.support.server_process import wait_ready
 from registry.events import Event, now_ms
 from registry.record import ScanOutcome, decode_frame_at, scan_segment
+from registry.segments import SEGMENT_SUFFIX
 from registry.timeline import Timeline, TimelineConfig
-from registry.wal import SEGMENT_SUFFIX
 from tests.support.eventually import eventually
 from tests.support.peers import AiortcPublisher, ffmpeg_whip_push
 from tests.support.servers import serve_argv, wait_for_type

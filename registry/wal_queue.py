@@ -1,4 +1,4 @@
-"""The bounded queue between producers and the WAL writer thread.
+"""The WAL's bounded producer queue: between every producer and the one writer thread.
 
 Rules:
 
@@ -32,7 +32,7 @@ def _wake(futures: list[asyncio.Future[None]]) -> None:
             fut.set_result(None)
 
 
-class SubmissionQueue[T]:
+class WalQueue[T]:
     """Bounded multi-producer, single-consumer queue with thread and asyncio producers."""
 
     def __init__(self, capacity: int = 1024) -> None:
@@ -45,15 +45,16 @@ class SubmissionQueue[T]:
         self._not_full = threading.Condition(self._lock)
         self._space_waiters: list[tuple[asyncio.AbstractEventLoop, asyncio.Future[None]]] = []
         self._closed = False
-        # Who is asleep, so that the hot path skips Condition.notify (pure Python, ~1 us)
-        # when nobody waits. Both are read and written only under _lock.
+        # Who is asleep, so that the hot path skips Condition.notify (pure Python, a
+        # noticeable part of an append: docs/PERFORMANCE.md) when nobody waits. Both
+        # are read and written only under _lock.
         self._consumer_waiting = False
         self._blocked_producers = 0
 
     def _wake_consumer(self) -> None:
         # Under _lock. Cleared here, not only when the writer wakes: until the writer
         # gets the GIL back every later put would call Condition.notify again (pure
-        # Python, ~0.6 us each) for nothing. The writer re-arms it before it waits.
+        # Python) for nothing. The writer re-arms it before it waits.
         self._consumer_waiting = False
         self._not_empty.notify()
 
