@@ -8,7 +8,6 @@ them, everything else must.
 
 from __future__ import annotations
 
-import enum
 import gc
 import importlib.util
 import math
@@ -28,6 +27,13 @@ from hypothesis import strategies as st
 from registry import record
 from registry.errors import EventTooLargeError, InvalidEventError
 from registry.events import NewEvent
+from tests.support.event_data import (
+    STATS,
+    Key,
+    Level,
+    any_text,
+    datas,
+)
 
 # Skipped (with the ImportError in the -ra summary) only when the extension is not built.
 W: Any = pytest.importorskip("registry._framing", exc_type=ImportError)
@@ -93,49 +99,6 @@ def same_frames(first_seq: object, bodies: Any) -> tuple[object, ...]:
     return got
 
 
-class Level(enum.IntEnum):
-    LOW = 1
-
-
-class Mode(enum.StrEnum):
-    FAST = "fast"
-
-
-class Key(str):
-    pass
-
-
-STATS = {"fps": 29.97, "bitrate_kbps": 2500, "frames": 12345, "dropped": 0}
-
-printable = st.text(st.characters(min_codepoint=0x20, max_codepoint=0x7E), max_size=12)
-any_text = (
-    printable
-    | st.text(max_size=12)
-    | st.text(st.characters(categories=["Cs", "L", "Cc", "Po"]), max_size=6)  # surrogates
-)
-keys = printable | any_text | st.sampled_from([Key("k"), Mode.FAST])
-scalars = (
-    st.none()
-    | st.booleans()
-    | st.integers(-(2**31), 2**31)
-    | st.integers(-(2**63) - 2, 2**64 + 1)
-    | st.integers(-(2**300), 2**300)
-    | st.floats()  # nan, inf, -0.0, subnormals
-    | st.floats(allow_nan=False, allow_infinity=False)
-    | printable
-    | any_text
-    | st.sampled_from([Level.LOW, Mode.FAST, Key("v"), b"x", 1 + 2j, "null", "nul"])
-)
-nested = st.recursive(
-    scalars,
-    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(keys, inner, max_size=4),
-    max_leaves=12,
-)
-datas = (
-    st.dictionaries(printable, scalars, max_size=8)
-    | st.dictionaries(keys, scalars, max_size=8)
-    | st.dictionaries(keys, nested, max_size=5)
-)
 timestamps = (
     st.integers(0, 2**45)
     | st.integers(-(2**63), 2**63 - 1)

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import dataclasses
 import datetime as dt
-import enum
 import functools
 import json
 import math
@@ -31,6 +30,15 @@ from registry.record import (
     encode_frame,
     encode_frames,
     scan_segment,
+)
+from tests.support.event_data import (
+    STATS,
+    Key,
+    Level,
+    Mode,
+    datas,
+    printable,
+    scalars,
 )
 
 json_values = st.recursive(
@@ -216,51 +224,6 @@ def _data_text(event: NewEvent, limit: int = 2**30) -> bytes:
     body = encode_body(event, limit)
     header = len(event.run_id.encode()) + len(event.type.encode()) + len(event.principal.encode())
     return body[14 + header :]
-
-
-class Level(enum.IntEnum):
-    LOW = 1
-
-
-class Mode(enum.StrEnum):
-    FAST = "fast"
-
-
-class Key(str):
-    pass
-
-
-STATS = {"fps": 29.97, "bitrate_kbps": 2500, "frames": 12345, "dropped": 0}
-
-printable = st.text(st.characters(min_codepoint=0x20, max_codepoint=0x7E), max_size=12)
-any_text = (
-    printable
-    | st.text(max_size=12)
-    | st.text(st.characters(categories=["Cs", "L", "Cc", "Po"]), max_size=6)  # surrogates
-)
-keys = printable | any_text | st.sampled_from([Key("k"), Mode.FAST])
-scalars = (
-    st.none()
-    | st.booleans()
-    | st.integers(-(2**31), 2**31)
-    | st.integers(-(2**63) - 2, 2**63 + 1)
-    | st.integers(-(2**300), 2**300)
-    | st.floats()  # nan, inf, -0.0, subnormals
-    | st.floats(allow_nan=False, allow_infinity=False)
-    | printable
-    | any_text
-    | st.sampled_from([Level.LOW, Mode.FAST, Key("v"), b"x", 1 + 2j])
-)
-nested = st.recursive(
-    scalars,
-    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(keys, inner, max_size=4),
-    max_leaves=12,
-)
-datas = (
-    st.dictionaries(printable, scalars, max_size=8)
-    | st.dictionaries(keys, scalars, max_size=8)
-    | st.dictionaries(keys, nested, max_size=5)
-)
 
 
 @settings(max_examples=1500)
