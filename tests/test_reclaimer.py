@@ -41,6 +41,7 @@ from dataclasses import dataclass, field
 import pytest
 from aiortc import RTCPeerConnection, RTCSessionDescription
 
+from tests.support.eventually import eventually
 from tests.support.loopback import ConnectionStates, LoopbackPeers, loopback_peers
 from whip.admission import MediaBudget
 from whip.live_session import LiveSession, SessionState
@@ -94,11 +95,7 @@ class Calls:
 
 
 async def wait(event: asyncio.Event, what: str) -> None:
-    try:
-        async with asyncio.timeout(WAIT_S):
-            await event.wait()
-    except TimeoutError:
-        raise AssertionError(f"no {what} within {WAIT_S}s") from None
+    await eventually(event.is_set, within=WAIT_S, awaiting=what)
 
 
 @dataclass

@@ -201,21 +201,25 @@ async def test_concurrent_stops_share_one_transaction(
     assert harness.sessions.closes == [("s_r_1", CloseReason.STOPPED)]
 
 
-async def test_a_cancelled_stop_caller_does_not_stop_the_transaction(
-    harness: Harness, live_session: Callable[[str], LiveSession]
+@pytest.mark.parametrize("action", ["stop", "delete"])
+async def test_a_cancelled_caller_does_not_stop_the_transaction(
+    harness: Harness, live_session: Callable[[str], LiveSession], action: str
 ) -> None:
     await harness.create("r_1")
     harness.sessions.by_run["r_1"] = live_session("r_1")
     harness.sessions.hold = asyncio.Event()
-    caller = asyncio.create_task(harness.control.stop("r_1", ALICE))
+    transaction = harness.control.stop if action == "stop" else harness.control.delete
+    caller = asyncio.create_task(transaction("r_1", ALICE))
     await asyncio.wait_for(harness.sessions.close_entered.wait(), WAIT_S)
     caller.cancel()
     with pytest.raises(asyncio.CancelledError):
         await caller
     harness.sessions.hold.set()
     assert await harness.detached.wait(WAIT_S) == []
+    assert harness.sessions.closes == [("s_r_1", CloseReason.STOPPED)]
     assert harness.sessions.closes_finished == 1
-    assert await harness.types("r_1") == ["run_created", "stop_requested"]
+    appended = "stop_requested" if action == "stop" else "run_deleted"
+    assert await harness.types("r_1") == ["run_created", appended]
 
 
 async def test_request_stop_makes_no_decision(harness: Harness) -> None:
@@ -297,21 +301,3 @@ async def test_a_repeat_delete_appends_nothing(harness: Harness) -> None:
     assert (first.synthesized, again.synthesized) == (False, True)
     assert again.event.seq == first.event.seq
     assert harness.appended() == before
-
-
-async def test_a_cancelled_delete_caller_does_not_stop_the_transaction(
-    harness: Harness, live_session: Callable[[str], LiveSession]
-) -> None:
-    await harness.create("r_1")
-    harness.sessions.by_run["r_1"] = live_session("r_1")
-    harness.sessions.hold = asyncio.Event()
-    caller = asyncio.create_task(harness.control.delete("r_1", ALICE))
-    await asyncio.wait_for(harness.sessions.close_entered.wait(), WAIT_S)
-    caller.cancel()
-    with pytest.raises(asyncio.CancelledError):
-        await caller
-    harness.sessions.hold.set()
-    assert await harness.detached.wait(WAIT_S) == []
-    assert harness.sessions.closes == [("s_r_1", CloseReason.STOPPED)]
-    assert harness.sessions.closes_finished == 1
-    assert await harness.types("r_1") == ["run_created", "run_deleted"]
