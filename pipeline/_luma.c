@@ -1,0 +1,287 @@
+/* pipeline._luma: the small luma picture of the scene and black analyzers.
+ *
+ * block_means(plane, width, height, line_size, out, out_width, out_height,
+ *             limited_range) reads an 8-bit luma plane (rows of line_size
+ * bytes, the first width of them pixels) and writes out_height rows of
+ * out_width bytes into out: each the mean of one block of the picture, the
+ * blocks tiling it exactly (column i covers x in [i*width/out_width,
+ * (i+1)*width/out_width), rows alike), rounded to the nearest code. With
+ * limited_range the mean is mapped from video range (16..235) to full range
+ * (0..255, clamped), as swscale maps limited-range luma to "gray".
+ *
+ * Rules: every size and the two buffers are checked before anything is read
+ * (ValueError, nothing written); the picture must be at least as large as the
+ * output in both directions (the caller upscales some other way). The sums
+ * run with the GIL released: the plane and out stay pinned by their buffer
+ * views until the call returns. Its scratch (the tile bounds and one row of
+ * column sums) is allocated per call (raw allocator, no GIL needed) and freed
+ * before it returns.
+ *
+ * code_sum(codes) and abs_diff_sum(a, b) are the two sums the black and scene
+ * analyzers take of those 2304 codes: one C loop each instead of numpy's three
+ * calls and a temporary (the GIL is kept; 2304 bytes take well under a
+ * microsecond). Exact integers, so the analyzers' figures are the ones numpy
+ * gave. Their buffers must be C-contiguous (BufferError otherwise): small_luma
+ * returns only such arrays.
+ */
+
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+
+#include <stdint.h>
+#include <string.h>
+
+#define MAX_SIDE 65536 /* column sums of up to MAX_SIDE rows of 255 fit 32 bits */
+#define PREFETCH_ROWS 8 /* how far ahead rows are fetched (see prefetch_row) */
+
+/* Ask for row y + PREFETCH_ROWS while row y is summed. The plane is read once, right
+ * after the decoder wrote it and mostly from memory; the hardware prefetchers stop at
+ * each 4 KiB page, and a 1280-pixel row is a third of one. Fetching 8 rows (about
+ * 10 KB) ahead took a cold 720p plane from about 150 to 120 us in a C loop on the
+ * development host (docs/PERFORMANCE.md, "Analyzers"). A hint only: nothing is read past the
+ * plane, and compilers without the builtin skip it. */
+static inline void
+prefetch_row(const uint8_t *plane, Py_ssize_t y, Py_ssize_t width, Py_ssize_t height,
+             Py_ssize_t line_size)
+{
+#if defined(__GNUC__) || defined(__clang__)
+    if (y + PREFETCH_ROWS < height) {
+        const uint8_t *ahead = plane + (y + PREFETCH_ROWS) * line_size;
+        for (Py_ssize_t x = 0; x < width; x += 64) {
+            __builtin_prefetch(ahead + x);
+        }
+    }
+#else
+    (void)plane, (void)y, (void)width, (void)height, (void)line_size;
+#endif
+}
+
+/* Column sums of rows [y0, y1) into columns[0..width): 16 bits while they cannot
+ * overflow (up to 257 rows of 255), which halves the vector work, else 32. */
+static void
+sum_rows(const uint8_t *restrict plane, Py_ssize_t width, Py_ssize_t height,
+         Py_ssize_t line_size, Py_ssize_t y0, Py_ssize_t y1, uint32_t *restrict columns,
+         uint16_t *restrict narrow)
+{
+    if (y1 - y0 <= 257) {
+        memset(narrow, 0, (size_t)width * sizeof(uint16_t));
+        for (Py_ssize_t y = y0; y < y1; y++) {
+            prefetch_row(plane, y, width, height, line_size);
+            const uint8_t *restrict row = plane + y * line_size;
+            for (Py_ssize_t x = 0; x < width; x++) {
+                narrow[x] = (uint16_t)(narrow[x] + row[x]);
+            }
+        }
+        for (Py_ssize_t x = 0; x < width; x++) {
+            columns[x] = narrow[x];
+        }
+        return;
+    }
+    memset(columns, 0, (size_t)width * sizeof(uint32_t));
+    for (Py_ssize_t y = y0; y < y1; y++) {
+        prefetch_row(plane, y, width, height, line_size);
+        const uint8_t *restrict row = plane + y * line_size;
+        for (Py_ssize_t x = 0; x < width; x++) {
+            columns[x] += row[x];
+        }
+    }
+}
+
+/* round(n / den) for 0 <= n < 2^52, 0 < den < 2^40, given inv = 1.0 / den: the
+ * double quotient and one correction step, exact. A 64-bit integer division per
+ * output code cost more than the whole 64x36 output's sums on a small picture (about
+ * 24 us for 2304 of them); the reciprocal is computed once per distinct tile size. */
+static inline int64_t
+rounded_quotient(int64_t n, int64_t den, double inv)
+{
+    int64_t half = n + den / 2;
+    int64_t q = (int64_t)((double)half * inv);
+    if (q * den > half) {
+        q--;
+    }
+    else if ((q + 1) * den <= half) {
+        q++;
+    }
+    return q;
+}
+
+static void
+compute(const uint8_t *restrict plane, Py_ssize_t width, Py_ssize_t height,
+        Py_ssize_t line_size, uint8_t *restrict out, Py_ssize_t out_width,
+        Py_ssize_t out_height, int limited, uint32_t *restrict columns,
+        uint16_t *restrict narrow, Py_ssize_t *restrict xs)
+{
+    for (Py_ssize_t i = 0; i <= out_width; i++) {
+        xs[i] = i * width / out_width;
+    }
+    int64_t last_den = 0;
+    double inv = 0.0;
+    for (Py_ssize_t j = 0; j < out_height; j++) {
+        Py_ssize_t y0 = j * height / out_height, y1 = (j + 1) * height / out_height;
+        sum_rows(plane, width, height, line_size, y0, y1, columns, narrow);
+        for (Py_ssize_t i = 0; i < out_width; i++) {
+            uint64_t sum = 0;
+            for (Py_ssize_t x = xs[i]; x < xs[i + 1]; x++) {
+                sum += columns[x];
+            }
+            int64_t count = (int64_t)(xs[i + 1] - xs[i]) * (y1 - y0);
+            /* limited: round(255 * (mean - 16) / 219), clamped to 0..255 */
+            int64_t num = limited ? 255 * ((int64_t)sum - 16 * count) : (int64_t)sum;
+            int64_t den = limited ? 219 * count : count;
+            if (den != last_den) {
+                last_den = den;
+                inv = 1.0 / (double)den;
+            }
+            int64_t code = num <= 0 ? 0 : rounded_quotient(num, den, inv);
+            out[j * out_width + i] = (uint8_t)(code > 255 ? 255 : code);
+        }
+    }
+}
+
+PyDoc_STRVAR(block_means_doc,
+"block_means(plane, width, height, line_size, out, out_width, out_height,\n"
+"            limited_range, /)\n"
+"--\n\n"
+"Write the out_width x out_height block means of an 8-bit luma plane into out\n"
+"(module doc). Raises ValueError for sizes or buffers that do not fit.");
+
+static PyObject *
+block_means(PyObject *Py_UNUSED(module), PyObject *args)
+{
+    Py_buffer plane, out;
+    Py_ssize_t width, height, line_size, out_width, out_height;
+    int limited;
+    if (!PyArg_ParseTuple(args, "y*nnnw*nnp:block_means", &plane, &width, &height,
+                          &line_size, &out, &out_width, &out_height, &limited)) {
+        return NULL;
+    }
+    const char *problem = NULL;
+    if (out_width < 1 || out_height < 1 || width < out_width || height < out_height) {
+        problem = "the picture must be at least as large as the output, which is not empty";
+    }
+    else if (width > MAX_SIDE || height > MAX_SIDE) {
+        problem = "the picture is larger than 65536 pixels on a side";
+    }
+    else if (line_size < width || line_size > 4 * MAX_SIDE) {
+        problem = "line_size is shorter than the picture's width, or over 262144";
+    }
+    else if (plane.len < (height - 1) * line_size + width) {
+        problem = "the plane is shorter than height rows of line_size bytes";
+    }
+    else if (out.len < out_width * out_height) {
+        problem = "out is shorter than out_width * out_height bytes";
+    }
+    if (problem == NULL) {
+        /* one block: the tile bounds, the 32-bit column sums, then the 16-bit ones */
+        size_t bounds = (size_t)(out_width + 1) * sizeof(Py_ssize_t);
+        char *scratch = PyMem_RawMalloc(
+            bounds + (size_t)width * (sizeof(uint32_t) + sizeof(uint16_t)));
+        if (scratch == NULL) {
+            PyBuffer_Release(&plane);
+            PyBuffer_Release(&out);
+            return PyErr_NoMemory();
+        }
+        uint32_t *columns = (uint32_t *)(scratch + bounds);
+        Py_BEGIN_ALLOW_THREADS
+        compute((const uint8_t *)plane.buf, width, height, line_size, (uint8_t *)out.buf,
+                out_width, out_height, limited, columns, (uint16_t *)(columns + width),
+                (Py_ssize_t *)scratch);
+        Py_END_ALLOW_THREADS
+        PyMem_RawFree(scratch);
+    }
+    PyBuffer_Release(&plane);
+    PyBuffer_Release(&out);
+    if (problem != NULL) {
+        PyErr_SetString(PyExc_ValueError, problem);
+        return NULL;
+    }
+    Py_RETURN_NONE;
+}
+
+PyDoc_STRVAR(code_sum_doc,
+"code_sum(codes, /)\n"
+"--\n\n"
+"The sum of the bytes of codes (any bytes-like object).");
+
+static PyObject *
+code_sum(PyObject *Py_UNUSED(module), PyObject *arg)
+{
+    Py_buffer codes;
+    if (PyObject_GetBuffer(arg, &codes, PyBUF_SIMPLE) < 0) {
+        return NULL;
+    }
+    const uint8_t *bytes = (const uint8_t *)codes.buf;
+    unsigned long long sum = 0;
+    for (Py_ssize_t i = 0; i < codes.len; i++) {
+        sum += bytes[i];
+    }
+    PyBuffer_Release(&codes);
+    return PyLong_FromUnsignedLongLong(sum);
+}
+
+PyDoc_STRVAR(abs_diff_sum_doc,
+"abs_diff_sum(a, b, /)\n"
+"--\n\n"
+"The sum of |a[i] - b[i]| over the bytes of two bytes-like objects of one length\n"
+"(ValueError when the lengths differ).");
+
+static PyObject *
+abs_diff_sum(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 2) {
+        PyErr_SetString(PyExc_TypeError, "abs_diff_sum takes exactly two arguments");
+        return NULL;
+    }
+    Py_buffer a, b;
+    if (PyObject_GetBuffer(args[0], &a, PyBUF_SIMPLE) < 0) {
+        return NULL;
+    }
+    if (PyObject_GetBuffer(args[1], &b, PyBUF_SIMPLE) < 0) {
+        PyBuffer_Release(&a);
+        return NULL;
+    }
+    unsigned long long sum = 0;
+    int same = a.len == b.len;
+    if (same) {
+        const uint8_t *pa = (const uint8_t *)a.buf, *pb = (const uint8_t *)b.buf;
+        for (Py_ssize_t i = 0; i < a.len; i++) {
+            sum += pa[i] > pb[i] ? (unsigned)(pa[i] - pb[i]) : (unsigned)(pb[i] - pa[i]);
+        }
+    }
+    PyBuffer_Release(&a);
+    PyBuffer_Release(&b);
+    if (!same) {
+        PyErr_SetString(PyExc_ValueError, "abs_diff_sum needs two buffers of one length");
+        return NULL;
+    }
+    return PyLong_FromUnsignedLongLong(sum);
+}
+
+static PyMethodDef luma_methods[] = {
+    {"block_means", block_means, METH_VARARGS, block_means_doc},
+    {"code_sum", code_sum, METH_O, code_sum_doc},
+    {"abs_diff_sum", (PyCFunction)(void (*)(void))abs_diff_sum, METH_FASTCALL, abs_diff_sum_doc},
+    {NULL, NULL, 0, NULL},
+};
+
+static PyModuleDef_Slot luma_slots[] = {
+#ifdef Py_mod_multiple_interpreters
+    {Py_mod_multiple_interpreters, Py_MOD_PER_INTERPRETER_GIL_SUPPORTED},
+#endif
+    {0, NULL},
+};
+
+static struct PyModuleDef luma_module = {
+    PyModuleDef_HEAD_INIT,
+    .m_name = "pipeline._luma",
+    .m_doc = "The block means behind pipeline.analyzers.base.small_luma.",
+    .m_size = 0,
+    .m_methods = luma_methods,
+    .m_slots = luma_slots,
+};
+
+PyMODINIT_FUNC
+PyInit__luma(void)
+{
+    return PyModuleDef_Init(&luma_module);
+}

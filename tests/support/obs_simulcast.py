@@ -1,0 +1,161 @@
+"""An OBS-shaped simulcast push: libdatachannel (through libdatachannel-py) offering and
+sending H.264 layers the way OBS 32.1's WHIP output offers them.
+
+The offer: a sendonly Opus track on mid ``0`` (with its SSRC, as OBS writes it) and one
+sendonly video track on mid ``1`` with payload type 96, the RTP stream id header extension,
+``a=rid:<n> send`` per layer and ``a=simulcast:send 0;1;2`` (libdatachannel writes both from
+``add_rid``), and no ``a=ssrc`` line for video: the layers can be told apart by RID only.
+The ICE and DTLS attributes are hoisted to session level by
+:func:`bench.support.obs_like.obs_shape`, as for the single-layer publisher.
+
+Sending: each layer has its own SSRC, its own :class:`libdatachannel.RtpPacketizationConfig`
+(with ``rid`` and ``rid_id`` set, so libdatachannel's packetizer writes the RID extension
+into every packet) and its own packetizer chain (RTCP sender reports, NACK responder).
+libdatachannel gives a track one media handler chain, so :meth:`ObsSimulcastPublisher.push`
+makes a layer's chain the track's handler before it sends that layer's frame
+(``Track.set_media_handler`` takes the track's lock); RTCP that arrives meanwhile goes to
+whichever chain is current, which on loopback (no loss, no NACK) changes nothing.
+
+Threads: libdatachannel calls back on its own threads; only the peer states are recorded
+there (a list append). ``push`` blocks (encoding, real-time pacing): run it with
+``asyncio.to_thread``.
+"""
+
+from __future__ import annotations
+
+import fractions
+import random
+import string
+import time
+from collections.abc import Iterator, Sequence
+
+import aiohttp
+import av
+import libdatachannel as ldc
+import numpy as np
+
+from bench.support.obs_like import MAX_FRAGMENT, VIDEO_PT, obs_peer, obs_shape, opus_track
+
+RID_URI = "urn:ietf:params:rtp-hdrext:sdes:rtp-stream-id"
+RID_EXTENSION_ID = 4
+"""The ``a=extmap`` id the offer gives the RTP stream id."""
+LAYER_SIZES: tuple[tuple[int, int], ...] = ((160, 90), (320, 180), (640, 360))
+"""Per RID ``0``, ``1``, ``2``: lowest first."""
+
+
+def _token(length: int = 16) -> str:
+    return "".join(random.choices(string.ascii_letters + string.digits, k=length))
+
+
+def _h264_frames(size: tuple[int, int], fps: int, gop: int, count: int) -> Iterator[bytes]:
+    """``count`` Annex B access units of noise at ``size`` (libx264, no B-frames)."""
+    width, height = size
+    encoder = av.CodecContext.create("libx264", "w")
+    assert isinstance(encoder, av.VideoCodecContext)
+    encoder.width, encoder.height = width, height
+    encoder.pix_fmt = "yuv420p"
+    encoder.time_base = fractions.Fraction(1, fps)
+    encoder.framerate = fractions.Fraction(fps, 1)
+    encoder.gop_size = gop
+    # crf 40 keeps the noise to a few hundred kb/s; the rate still grows with the size.
+    encoder.options = {"preset": "ultrafast", "tune": "zerolatency", "bf": "0", "crf": "40"}
+    rng = np.random.default_rng(width)
+    for index in range(count):
+        # Noise: the bitrate grows with the picture, as OBS's per-layer rates do.
+        image = rng.integers(0, 256, (height, width, 3), dtype=np.uint8)
+        frame = av.VideoFrame.from_ndarray(image, format="rgb24").reformat(format="yuv420p")
+        frame.pts = index
+        for packet in encoder.encode(frame):
+            yield bytes(packet)
+    for packet in encoder.encode(None):
+        yield bytes(packet)
+
+
+class ObsSimulcastPublisher:
+    """One OBS-shaped simulcast push of H.264 layers (module doc)."""
+
+    def __init__(
+        self, sizes: Sequence[tuple[int, int]] = LAYER_SIZES, *, fps: int = 30, gop: int = 30
+    ) -> None:
+        self.sizes = tuple(sizes)
+        self.rids = [str(i) for i in range(len(self.sizes))]
+        self.fps = fps
+        self.gop = gop
+        self.states: list[str] = []
+        self.pc = obs_peer(self.states)
+        stream_id, cname = _token(), _token()
+        base_ssrc = random.randrange(1, 1 << 30)
+        self.audio_track, self._audio_packetizer = opus_track(self.pc, base_ssrc, cname, stream_id)
+
+        video = ldc.Description.Video("1", ldc.Description.Direction.SendOnly)
+        video.add_h264_codec(VIDEO_PT)
+        video.add_ext_map(ldc.Description.Media.ExtMap(RID_EXTENSION_ID, RID_URI))
+        for rid in self.rids:
+            video.add_rid(rid)
+        self.video_track = self.pc.add_track(video)
+        self.layer_ssrcs: dict[str, int] = {}
+        self._layers: list[ldc.H264RtpPacketizer] = []
+        separator = ldc.NalUnit.Separator.StartSequence
+        for index, rid in enumerate(self.rids):
+            ssrc = base_ssrc + 1 + index
+            layer_config = ldc.RtpPacketizationConfig(ssrc, cname, VIDEO_PT, 90000)
+            layer_config.rid = rid
+            layer_config.rid_id = RID_EXTENSION_ID
+            packetizer = ldc.H264RtpPacketizer(separator, layer_config, MAX_FRAGMENT)
+            packetizer.add_to_chain(ldc.RtcpSrReporter(layer_config))
+            packetizer.add_to_chain(ldc.RtcpNackResponder())
+            self._layers.append(packetizer)
+            self.layer_ssrcs[rid] = ssrc
+        self.video_track.set_media_handler(self._layers[-1])
+
+        self.pc.set_local_description()
+        description = self.pc.local_description()
+        assert description is not None
+        self.offer = obs_shape(str(description))
+
+    async def publish(self, http: aiohttp.ClientSession, url: str) -> tuple[str, str]:
+        """POST the offer to ``url`` (asserting 201), apply the answer, gather:
+        ``(run_id, answer)``."""
+        async with http.post(
+            url, data=self.offer, headers={"Content-Type": "application/sdp"}
+        ) as response:
+            answer = await response.text()
+            assert response.status == 201, answer
+            run_id = response.headers["X-Run-Id"]
+        self.pc.set_remote_description(ldc.Description(answer, "answer"))
+        self.pc.gather_local_candidates()
+        return run_id, answer
+
+    def push(self, seconds: float) -> int:
+        """Send ``seconds`` of every layer (and Opus silence) in real time once the tracks
+        are open (waits up to 10 s for them). Returns the frames sent per layer. Blocking."""
+        deadline = time.monotonic() + 10
+        while not (self.video_track.is_open() and self.audio_track.is_open()):
+            if time.monotonic() > deadline or "Failed" in self.states:
+                raise TimeoutError(f"tracks never opened; peer states {self.states}")
+            time.sleep(0.01)
+        count = int(seconds * self.fps)
+        layers = [_h264_frames(size, self.fps, self.gop, count) for size in self.sizes]
+        silence = bytes([0xF8, 0xFF, 0xFE])  # an Opus DTX frame: 20 ms of silence
+        started = time.monotonic()
+        sent = 0
+        for index, frames in enumerate(zip(*layers, strict=True)):
+            delay = started + index / self.fps - time.monotonic()
+            if delay > 0:
+                time.sleep(delay)
+            stamp = index * 90000 // self.fps
+            for packetizer, data in zip(self._layers, frames, strict=True):
+                self.video_track.set_media_handler(packetizer)
+                self.video_track.send_frame(data, ldc.FrameInfo(stamp))
+            sent += 1
+            if index % 2 == 0:  # ~20 ms of audio per 33 ms frame, near enough
+                self.audio_track.send_frame(silence, ldc.FrameInfo(index * 48000 // self.fps))
+        return sent
+
+    def close(self) -> None:
+        """Close the peer and drop libdatachannel's callbacks into Python."""
+        self.pc.close()
+        for track in (self.video_track, self.audio_track):
+            track.set_media_handler(None)
+            track.reset_callbacks()
+        self.pc.reset_callbacks()
