@@ -1,0 +1,381 @@
+"""Webhooks in cluster mode: two nodes on one real PostgreSQL, a real receiver that verifies
+every signature with the ``standardwebhooks`` package.
+
+Each node here is a ``ClusterTimeline`` (its own pool, lease, group commit, LISTEN) and a
+``ClusterWebhookDeliverer`` on its own pool, as a server process holds them. Proved once each:
+runs made on both nodes are all delivered by the one node holding the webhook's lease (the
+other delivers nothing); killing that node (its lease left to expire, nothing saved) hands
+the webhook over: every wanted event delivered, in order per run, duplicates only with the
+same ``webhook-id``; a node fenced by its lease's end stops delivering and the webhook is
+claimed once more; a 410 disables the webhook durably (a restarted deliverer stays
+disabled, another URL re-enables it); and two in-process cluster servers with the webhook
+configured deliver through one of them while ``GET /v1/webhooks`` on both names it; a
+NOTIFY of new events wakes the deliverer long before its poll. Leases are 4 s (a loaded
+machine must not fence a node by accident), polls 0.1 s
+(the servers': a quarter of the lease).
+"""
+
+from __future__ import annotations
+
+import base64
+import os
+from collections import defaultdict
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any
+
+import aiohttp
+import asyncpg
+import pytest
+from aiohttp.test_utils import TestServer
+
+from registry.events import EventType, NewEvent
+from registry.pg.timeline import ClusterTimeline, ClusterTimelineConfig
+from registry.pg.webhook_store import WebhookStore
+from tests.support.eventually import eventually
+from tests.support.webhook_receivers import Endpoint, Receivers
+from whip.appkeys import CLUSTER_KEY
+from whip.webhooks.cluster_delivery import ClusterWebhookDeliverer
+from whip.webhooks.cluster_service import ClusterWebhooks
+from whip.webhooks.config import WebhookConfig, parse_webhooks
+
+LEASE_S = 4.0
+POLL_S = 0.1
+FAST_RETRY = {"retry_min_s": 0.05, "retry_max_s": 0.2}
+
+
+def new_secret() -> str:
+    return "whsec_" + base64.b64encode(os.urandom(32)).decode()
+
+
+class Node:
+    """One node: its cluster timeline and the webhook deliverers it runs."""
+
+    def __init__(self, timeline: ClusterTimeline, pool: asyncpg.Pool) -> None:
+        self.timeline = timeline
+        self.pool = pool
+        self.store = WebhookStore(pool)
+        self.deliverers: list[ClusterWebhookDeliverer] = []
+        self.dead = False
+
+    async def deliver(self, webhook: WebhookConfig) -> ClusterWebhookDeliverer:
+        deliverer = ClusterWebhookDeliverer(
+            webhook, self.store, self.timeline.lease.writer, poll_s=POLL_S
+        )
+        await deliverer.start()
+        self.deliverers.append(deliverer)
+        return deliverer
+
+    async def kill(self) -> None:
+        """What SIGKILL leaves: deliverers stop unsaved, the lease row is left to expire."""
+        self.dead = True
+        for deliverer in self.deliverers:
+            await deliverer.abandon()
+        timeline = self.timeline
+        await timeline.lease.close(leave=False)
+        await timeline.committer.close(drain_s=0)
+        await timeline.listener.close()
+        timeline._closed = True
+        await timeline._pool.close()
+        await self.pool.close()
+
+    async def close(self) -> None:
+        if self.dead:
+            return
+        for deliverer in reversed(self.deliverers):
+            await deliverer.aclose()
+        await self.timeline.aclose()
+        await self.pool.close()
+
+
+NodeFactory = Callable[[str], Awaitable[Node]]
+
+
+@pytest.fixture
+async def nodes(cluster_store: str) -> AsyncIterator[NodeFactory]:
+    opened: list[Node] = []
+
+    async def open_node(node_id: str) -> Node:
+        config = ClusterTimelineConfig(
+            cluster_store, node_id, f"http://127.0.0.1:9/{node_id}", LEASE_S
+        )
+        timeline = await ClusterTimeline.open(config)
+        pool = await asyncpg.create_pool(cluster_store, min_size=1, max_size=4)
+        node = Node(timeline, pool)
+        opened.append(node)
+        return node
+
+    try:
+        yield open_node
+    finally:
+        for node in reversed(opened):
+            await node.close()
+
+
+@pytest.fixture
+async def receivers() -> AsyncIterator[Receivers]:
+    receiver = Receivers()
+    await receiver.start()
+    yield receiver
+    await receiver.close()
+
+
+def webhook(name: str, url: str, secret: str) -> WebhookConfig:
+    (config,) = parse_webhooks([{"name": name, "url": url, "secret": secret, **FAST_RETRY}])
+    return config
+
+
+async def push(node: Node, run_id: str, *types: str) -> None:
+    for event_type in types:
+        data = (
+            {"stream": run_id, "session_id": f"s-{run_id}"} if event_type == "run_created" else {}
+        )
+        await node.timeline.append(NewEvent(run_id, event_type, "studio-a", data))
+
+
+LIFE = (EventType.RUN_CREATED, EventType.SESSION_CONNECTED, "stats", EventType.FIRST_FRAME)
+
+
+async def wanted_ids(node: Node, config: WebhookConfig, run_ids: list[str]) -> list[str]:
+    ids = []
+    for run_id in run_ids:
+        for event in await node.timeline.read_events(run_id, 0, 1000):
+            if config.wants(event.type, event.principal):
+                ids.append(f"{run_id}:{event.seq}")
+    return ids
+
+
+def in_order_per_run(endpoint: Endpoint) -> dict[str, list[int]]:
+    per_run: dict[str, list[int]] = defaultdict(list)
+    for msg_id in endpoint.first_ids():
+        run_id, seq = msg_id.rsplit(":", 1)
+        per_run[run_id].append(int(seq))
+    return per_run
+
+
+async def test_one_node_delivers_and_a_dead_one_hands_over(
+    nodes: NodeFactory, receivers: Receivers
+) -> None:
+    a, b = await nodes("a"), await nodes("b")
+    await push(a, "before", *LIFE)  # committed before the webhook exists: not delivered
+    endpoint = receivers.add("hook", new_secret())
+    config = webhook("hook", receivers.url("/ok/hook"), endpoint.secret)
+    on_a = await a.deliver(config)
+    await eventually(lambda: on_a.delivering, within=20, awaiting="node a takes the lease")
+    on_b = await b.deliver(config)
+
+    runs = {"a1": a, "a2": a, "b1": b, "b2": b}
+    for run_id, node in runs.items():
+        await push(node, run_id, *LIFE)
+    expected = await wanted_ids(a, config, list(runs))
+    assert len(expected) == 4 * 3
+    await eventually(
+        lambda: set(endpoint.first_ids()) >= set(expected),
+        within=20,
+        awaiting=lambda: f"every event of both nodes' runs, got {endpoint.first_ids()}",
+    )
+    assert not any(i.startswith("before:") for i in endpoint.first_ids())
+    # The receiver counts a delivery when it answers; the deliverer once the answer is back.
+    await eventually(
+        lambda: on_a.outcomes["success"] == len(endpoint.delivered),
+        within=20,
+        awaiting=lambda: f"{on_a.outcomes} for {len(endpoint.delivered)} received",
+    )
+    assert sum(on_b.outcomes.values()) == 0
+    assert not on_b.delivering
+
+    async def described_on_b() -> dict[str, object] | None:
+        item = await on_b.describe()
+        return item if item["lag_events"] == 0 else None
+
+    # Every node shows who delivers and how far (the cursor counts the events at or below
+    # the per-run cursors: the 'before' run's, where the webhook started, and the 16 since).
+    item = await eventually(described_on_b, within=20, awaiting="node b sees the saved cursor")
+    assert (item["deliverer"], item["state"], item["cursor"]) == ("a", "standby", 20)
+    assert item["pending_runs"] == 0
+
+    # A backlog the receiver refuses (503) while node a retries, then node a dies.
+    endpoint.mode = "down"
+    await push(a, "a1", EventType.STOP_REQUESTED, EventType.SESSION_CLOSED)
+    await push(b, "b1", EventType.STOP_REQUESTED, EventType.SESSION_CLOSED)
+    await eventually(lambda: endpoint.refused, within=20, awaiting="node a retrying a refusal")
+    await a.kill()
+    endpoint.mode = "ok"
+
+    # Node b reaps node a (run_interrupted on a's live runs) and takes the webhook over.
+    await eventually(lambda: on_b.delivering, within=20, awaiting="node b takes over")
+
+    async def a2_interrupted() -> bool:
+        events = await b.timeline.read_events("a2", 0, 100)
+        return any(e.type == EventType.RUN_INTERRUPTED for e in events)
+
+    await eventually(a2_interrupted, within=20, awaiting="node b reaps node a's live run")
+    expected = await wanted_ids(b, config, list(runs))
+    await eventually(
+        lambda: set(endpoint.first_ids()) >= set(expected),
+        within=20,
+        awaiting=lambda: f"every event after the hand-over, got {endpoint.first_ids()}",
+    )
+    assert "a2:5" in expected  # a2's run_interrupted, appended by node b after the kill
+    delivered = [d for d in endpoint.delivered if not d.msg_id.startswith("before:")]
+    assert {d.msg_id for d in delivered} == set(expected)  # none skipped, nothing else
+    bodies: dict[str, bytes] = {}
+    for d in delivered:  # a duplicate is the same message under the same webhook-id
+        assert bodies.setdefault(d.msg_id, d.body) == d.body
+    for run_id, seqs in in_order_per_run(endpoint).items():
+        assert seqs == sorted(seqs), (run_id, seqs)
+    assert (on_b.handovers, on_b.outcomes["success"] > 0) == (1, True)
+    item = await on_b.describe()
+    assert (item["deliverer"], item["state"], item["disabled"]) == ("b", "delivering", None)
+
+
+async def test_410_disables_the_webhook_durably(nodes: NodeFactory, receivers: Receivers) -> None:
+    node = await nodes("a")
+    secret = new_secret()
+    gone = webhook("gone", receivers.url("/gone"), secret)
+    first = await node.deliver(gone)
+    await eventually(lambda: first.delivering, within=20, awaiting="the lease")
+    await push(node, "r1", *LIFE)
+    await eventually(lambda: first.disabled, within=20, awaiting="the 410")
+
+    async def marked() -> bool:
+        row = await node.store.describe("gone")
+        return row is not None and row.disabled is not None and not row.owner_node
+
+    await eventually(marked, within=20, awaiting="the mark in the store, the lease given up")
+    item = await first.describe()
+    assert item["state"] == "disabled"
+    assert item["disabled"] == {
+        "url": receivers.url("/gone"),
+        "at_ms": first.disabled.at_ms,
+        "reason": "410 Gone",
+    }
+    assert receivers.gone_hits == 1
+    await first.aclose()
+
+    # A restart (a new deliverer, same url) stays disabled and sends nothing.
+    again = await node.deliver(gone)
+    await push(node, "r2", *LIFE)
+    assert again.disabled is not None and not again.delivering
+    assert (await again.describe())["state"] == "disabled"
+    await again.aclose()
+
+    # Another url for the name re-enables it, from the cursor where it stopped.
+    endpoint = receivers.add("back", secret)
+    back = await node.deliver(webhook("gone", receivers.url("/ok/back"), secret))
+    assert back.disabled is None
+    await eventually(
+        lambda: {"r1:1", "r2:1"} <= set(endpoint.first_ids()),
+        within=20,
+        awaiting=lambda: f"the runs left undelivered, got {endpoint.first_ids()}",
+    )
+    assert receivers.gone_hits == 1
+
+
+async def test_two_cluster_servers_one_deliverer_any_node_shows_it(
+    cluster_store: str,
+    receivers: Receivers,
+    whip_servers: Callable[..., Awaitable[TestServer]],
+) -> None:
+    endpoint = receivers.add("app", new_secret())
+    entry = {"name": "app", "url": receivers.url("/ok/app"), "secret": endpoint.secret}
+    servers = [
+        await whip_servers(
+            webhooks=[{**entry, **FAST_RETRY}],
+            cluster__store=cluster_store,
+            cluster__secret="a-test-cluster-secret",
+            cluster__node_id=node_id,
+            cluster__lease_s=LEASE_S,
+        )
+        for node_id in ("n0", "n1")
+    ]
+    for index, server in enumerate(servers):
+        created = {"stream": f"cam{index}", "session_id": f"s{index}"}
+        await server.app[CLUSTER_KEY].append(
+            NewEvent(f"run{index}", EventType.RUN_CREATED, "studio-a", created)
+        )
+
+    async def listings() -> list[dict[str, Any]] | None:
+        items = []
+        async with aiohttp.ClientSession() as http:
+            for server in servers:
+                async with http.get(server.make_url("/v1/webhooks")) as answer:
+                    assert answer.status == 200
+                    (item,) = (await answer.json())["items"]
+                    items.append(item)
+        done = all(item["lag_events"] == 0 and item["deliverer"] for item in items)
+        return items if done and len(endpoint.first_ids()) == 2 else None
+
+    items = await eventually(listings, within=20, awaiting="both runs delivered and saved")
+    assert sorted(endpoint.first_ids()) == ["run0:1", "run1:1"]
+    deliverer = items[0]["deliverer"]
+    assert deliverer in ("n0", "n1") and items[1]["deliverer"] == deliverer
+    states = [item["state"] for item in items]
+    assert sorted(states) == ["delivering", "standby"], states
+    assert all(item["cursor"] == 2 and "whsec" not in str(item) for item in items)
+
+
+async def test_a_fenced_node_stops_delivering_and_the_webhook_moves_on(
+    cluster_store: str, nodes: NodeFactory, receivers: Receivers
+) -> None:
+    a, b = await nodes("a"), await nodes("b")
+    endpoint = receivers.add("fence", new_secret())
+    config = webhook("fence", receivers.url("/ok/fence"), endpoint.secret)
+    on_a = await a.deliver(config)
+    await eventually(lambda: on_a.delivering, within=20, awaiting="node a takes the lease")
+    on_b = await b.deliver(config)
+    await push(b, "r1", EventType.RUN_CREATED)
+    await eventually(lambda: endpoint.first_ids() == ["r1:1"], within=20, awaiting="r1 via a")
+
+    async def saved() -> bool:
+        return (await on_b.describe())["lag_events"] == 0
+
+    await eventually(saved, within=20, awaiting="r1's cursor saved")  # no duplicate is due
+
+    # Node a's lease ends in the store (as after a pause past it): node b reaps it, node a's
+    # renewal finds it gone and fences; its deliverer stops under the old epoch.
+    conn = await asyncpg.connect(cluster_store)
+    try:
+        await conn.execute(
+            "UPDATE whip_nodes SET lease_expires_at = clock_timestamp() - interval '1 second'"
+            " WHERE node_id = 'a'"
+        )
+    finally:
+        await conn.close()
+    await eventually(lambda: a.timeline.lease.fenced_count, within=20, awaiting="a fences")
+    assert not on_a.delivering or on_a.handovers == 2  # stopped, or claimed again anew
+
+    # Whoever claims the webhook next (b, or a under its new epoch), it is claimed once,
+    # and what comes after is delivered once: the fenced epoch sends nothing more.
+    await eventually(
+        lambda: on_a.handovers + on_b.handovers == 2, within=20, awaiting="the next claim"
+    )
+    await push(b, "r2", EventType.RUN_CREATED)
+    await eventually(
+        lambda: sorted(endpoint.first_ids()) == ["r1:1", "r2:1"],
+        within=20,
+        awaiting=lambda: f"r2 after the fence, got {endpoint.first_ids()}",
+    )
+    item = await eventually(lambda: on_b.describe(), within=20, awaiting="the saved cursor")
+    assert [d.msg_id for d in endpoint.delivered] == ["r1:1", "r2:1"]
+    assert item["delivery_epoch"] == 2 and item["deliverer"] in ("a", "b")
+    assert [on_a.delivering, on_b.delivering].count(True) == 1
+
+
+async def test_a_notify_wakes_the_deliverer_long_before_its_poll(
+    cluster_store: str, nodes: NodeFactory, receivers: Receivers
+) -> None:
+    node = await nodes("a")
+    endpoint = receivers.add("wake", new_secret())
+    group = ClusterWebhooks(cluster_store, node.timeline.lease.writer, poll_s=600)
+    await group.start(parse_webhooks([{"name": "wake", "url": receivers.url("/ok/wake"),
+                                       "secret": endpoint.secret}]))  # fmt: skip
+    try:
+        (deliverer,) = group.deliverers
+        # claimed at its first tick, then it waits up to 600 s
+        await eventually(lambda: deliverer.delivering, within=20, awaiting="the lease")
+        await push(node, "r1", EventType.RUN_CREATED)
+        await eventually(
+            lambda: endpoint.first_ids() == ["r1:1"], within=20, awaiting="a wake-up by NOTIFY"
+        )
+    finally:
+        await group.aclose()

@@ -1,0 +1,205 @@
+"""Every webhook of the app: startup and cleanup, and their metrics.
+
+Rules:
+
+- :func:`webhooks_context` is the app's cleanup context for webhooks: entered after the
+  session manager (so the timeline is open and the metrics registry exists), it starts
+  the delivery thread (:mod:`whip.webhooks.delivery_thread`; none without webhooks) and
+  on it one :class:`~whip.webhooks.dispatcher.WebhookDispatcher` per ``[[webhooks]]``
+  entry, all started together and fed by one feed subscription (:class:`WebhookGroup`),
+  with the data dir's cursor store
+  (``<data_dir>/webhooks/cursors.json``); its exit stops
+  them, in reverse order, then the thread, before the sessions close. Events appended
+  while the server shuts down (``session_closed`` reason ``shutdown``) are therefore
+  delivered after the next start, from the saved cursor.
+- In cluster mode the same context runs, on the same thread, one
+  :class:`~whip.webhooks.cluster_delivery.ClusterWebhookDeliverer` per entry instead
+  (:class:`~whip.webhooks.cluster_service.ClusterWebhooks`: cursors and the delivery
+  lease in the store, one node delivering each webhook; the module is imported only
+  then); its exit saves each cursor and gives each lease up before the node leaves.
+- A start that fails half-way closes the dispatchers it started, then re-raises (a
+  cursor file that is not one refuses the start: :class:`~whip.webhooks.cursor.CursorFileError`).
+- Metrics are read at scrape time from the deliverers, on the server's loop, through
+  what they document as readable from any thread (:class:`WebhookCollector`,
+  :class:`~whip.webhooks.status.WebhookStatus`):
+  ``whip_webhook_deliveries_total{webhook,outcome}`` (attempts by outcome),
+  ``whip_webhook_lag_events{webhook}``, ``whip_webhook_lag_seconds{webhook}``. Series
+  are per configured webhook: bounded.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import AsyncIterator, Iterator
+
+from aiohttp import web
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+from registry.feed import FeedSubscription
+from registry.timeline import Timeline
+from whip.appkeys import CLUSTER_KEY, CONFIG_KEY, REGISTRY_KEY, TIMELINE_KEY, WEBHOOKS_KEY
+from whip.webhooks.cursor import FileCursorStore
+from whip.webhooks.delivery import OUTCOMES
+from whip.webhooks.delivery_thread import DeliveryThread
+from whip.webhooks.dispatcher import WebhookDispatcher
+from whip.webhooks.status import WebhookStatus
+
+logger = logging.getLogger(__name__)
+
+
+class WebhookCollector(Collector):
+    """The webhooks' figures, read at scrape time."""
+
+    def __init__(self, dispatchers: list[WebhookStatus]) -> None:
+        self.dispatchers = dispatchers
+
+    def collect(self) -> Iterator[Metric]:
+        deliveries = CounterMetricFamily(
+            "whip_webhook_deliveries",
+            "webhook delivery attempts by outcome",
+            labels=["webhook", "outcome"],
+        )
+        lag = GaugeMetricFamily(
+            "whip_webhook_lag_events",
+            "events in the log past the webhook's cursor",
+            labels=["webhook"],
+        )
+        lag_s = GaugeMetricFamily(
+            "whip_webhook_lag_seconds",
+            "age of the oldest event being delivered (0: none)",
+            labels=["webhook"],
+        )
+        for dispatcher in self.dispatchers:
+            for outcome in OUTCOMES:
+                deliveries.add_metric([dispatcher.name, outcome], dispatcher.outcomes[outcome])
+            status = dispatcher.status()
+            lag.add_metric([dispatcher.name], float(dispatcher.lag_events))
+            seconds = status["lag_seconds"]
+            lag_s.add_metric([dispatcher.name], seconds if isinstance(seconds, float) else 0.0)
+        yield deliveries
+        yield lag
+        yield lag_s
+
+
+class WebhookGroup:
+    """The dispatchers of one delivery loop and their one feed subscription.
+
+    Rules: the subscription is made before any dispatcher reads the snapshot (its
+    :meth:`~WebhookDispatcher.start`), and what it accumulates meanwhile is handed over
+    once all have started; then every batch taken is offered to every dispatcher, in
+    config order, on this loop. The WAL writer so wakes the webhooks once per batch,
+    however many there are. Loop-only (the delivery thread's).
+    """
+
+    def __init__(self, dispatchers: list[WebhookDispatcher], timeline: Timeline) -> None:
+        self.dispatchers = dispatchers
+        self._timeline = timeline
+        self._subscription: FeedSubscription | None = None
+        self._fanout: asyncio.Task[None] | None = None
+
+    async def start(self) -> None:
+        """Subscribe, start every dispatcher together (new cursors are then saved in one
+        group write), then fan the feed out. Cancellation: what started is closed."""
+        self._subscription = self._timeline.feed.subscribe()
+        try:
+            async with asyncio.TaskGroup() as group:
+                for dispatcher in self.dispatchers:
+                    group.create_task(dispatcher.start(), name=f"webhook-{dispatcher.name}-start")
+        except BaseException:
+            await self.aclose()
+            raise
+        self._fanout = asyncio.create_task(
+            self._fan_out(self._subscription), name="webhook-feed-fanout"
+        )
+
+    async def _fan_out(self, subscription: FeedSubscription) -> None:
+        while True:
+            await subscription.ready.wait()
+            runs, upto = subscription.take()
+            for dispatcher in self.dispatchers:
+                dispatcher.offer(runs, upto)
+
+    async def aclose(self) -> None:
+        """Stop the fan-out, unsubscribe, close every dispatcher (reverse order);
+        failures are collected and raised together (idempotent)."""
+        if self._fanout is not None:
+            self._fanout.cancel()
+            await asyncio.gather(self._fanout, return_exceptions=True)
+            self._fanout = None
+        if self._subscription is not None:
+            self._timeline.feed.unsubscribe(self._subscription)
+            self._subscription = None
+        errors: list[Exception] = []
+        for dispatcher in reversed(self.dispatchers):
+            try:
+                await dispatcher.aclose()
+            except Exception as exc:
+                logger.error("cleanup: webhook %s did not close cleanly: %r", dispatcher.name, exc)
+                errors.append(exc)
+        if errors:
+            raise ExceptionGroup("webhooks did not close cleanly", errors)
+
+
+async def webhooks_context(app: web.Application) -> AsyncIterator[None]:
+    """The app's webhooks (module rules). Cancellation: what started is closed."""
+    config = app[CONFIG_KEY]
+    webhooks: list[WebhookStatus] = []
+    app[WEBHOOKS_KEY] = webhooks
+    if not config.webhooks:
+        yield
+        return
+    if config.cluster.enabled:
+        async for _ in _cluster_webhooks(app, webhooks):
+            yield
+        return
+    timeline = app[TIMELINE_KEY]
+    store = FileCursorStore(config.server.data_dir / "webhooks")
+    dispatchers = [WebhookDispatcher(webhook, timeline, store) for webhook in config.webhooks]
+    webhooks.extend(dispatchers)
+    group = WebhookGroup(dispatchers, timeline)
+    thread = DeliveryThread(config.server.event_loop)
+    await thread.start()
+    try:
+        await thread.run(group.start())
+    except BaseException:
+        await thread.stop()
+        raise
+    app[REGISTRY_KEY].register(WebhookCollector(webhooks))
+    yield
+    try:
+        await thread.run(group.aclose())
+    finally:
+        await thread.stop()
+
+
+async def _cluster_webhooks(
+    app: web.Application, webhooks: list[WebhookStatus]
+) -> AsyncIterator[None]:
+    from whip.webhooks.cluster_service import ClusterWebhooks, cluster_poll_s
+
+    config = app[CONFIG_KEY]
+    cluster = app[CLUSTER_KEY]
+    group = ClusterWebhooks(
+        config.cluster.store, cluster.lease.writer, cluster_poll_s(config.cluster.lease_s)
+    )
+    thread = DeliveryThread(config.server.event_loop)
+    await thread.start()
+    try:
+        await thread.run(group.start(config.webhooks))
+    except BaseException:
+        await thread.stop()
+        raise
+    webhooks.extend(group.deliverers)
+    app[REGISTRY_KEY].register(WebhookCollector(webhooks))
+    logger.info(
+        "cluster webhooks: %d configured on node %s, one node delivers each",
+        len(webhooks),
+        cluster.config.node_id,
+    )
+    yield
+    try:
+        await thread.run(group.aclose())
+    finally:
+        await thread.stop()

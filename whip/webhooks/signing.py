@@ -1,0 +1,64 @@
+"""Standard Webhooks messages: the id, the body and the signature of one delivery.
+
+Rules (standardwebhooks.com, version 1 signatures):
+
+- ``webhook-id`` is stable for one event: ``{run_id}:{seq}`` (:func:`message_id`), the
+  same on every retry and after a restart, so a receiver deduplicates by it.
+- ``webhook-timestamp`` is the attempt's time, integer seconds since the epoch (receivers
+  refuse stale timestamps, so a retry is signed afresh).
+- ``webhook-signature`` is ``v1,`` and the base64 of HMAC-SHA256 over
+  ``"{id}.{timestamp}.{body}"`` with the decoded secret (:func:`signature`).
+- The body is ``{"type", "timestamp", "data"}``: the event's type, its time as ISO 8601
+  (UTC, milliseconds), and the event object exactly as ``GET /v1/runs/{id}/events``
+  renders it (:meth:`registry.events.Event.to_json`). It is built once per event and the
+  same bytes are sent on every attempt.
+- Pure: no I/O, no clock except where the caller passes one in.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import hmac
+from datetime import UTC, datetime
+
+import orjson
+
+from registry.events import Event
+
+SIGNATURE_VERSION = "v1"
+
+
+def message_id(event: Event) -> str:
+    """The event's ``webhook-id``: the same for every attempt, in every process."""
+    return f"{event.run_id}:{event.seq}"
+
+
+def iso_timestamp(ts_ms: int) -> str:
+    """Milliseconds since the epoch as ISO 8601 UTC (``2026-12-01T16:09:12.345Z``)."""
+    moment = datetime.fromtimestamp(ts_ms / 1000, tz=UTC)
+    return moment.strftime("%Y-%m-%dT%H:%M:%S.") + f"{ts_ms % 1000:03d}Z"
+
+
+def message_body(event: Event) -> bytes:
+    """The JSON body of the event's delivery (module rules)."""
+    return orjson.dumps(
+        {"type": event.type, "timestamp": iso_timestamp(event.ts_ms), "data": event.to_json()}
+    )
+
+
+def signature(key: bytes, msg_id: str, timestamp: int, body: bytes) -> str:
+    """``v1,<base64 HMAC-SHA256 of "{id}.{timestamp}.{body}">`` with the decoded secret."""
+    signed = f"{msg_id}.{timestamp}.".encode() + body
+    digest = hmac.new(key, signed, hashlib.sha256).digest()
+    return f"{SIGNATURE_VERSION},{base64.b64encode(digest).decode()}"
+
+
+def headers(key: bytes, msg_id: str, timestamp: int, body: bytes) -> dict[str, str]:
+    """The request headers of one attempt."""
+    return {
+        "content-type": "application/json",
+        "webhook-id": msg_id,
+        "webhook-timestamp": str(timestamp),
+        "webhook-signature": signature(key, msg_id, timestamp, body),
+    }
