@@ -29,6 +29,24 @@ Everything runs on one host (publishers and server share its CPUs: see ``host.cp
 Clips: libx264 baseline, no B-frames, GOP 30, 30 fps, 10 s, synthetic motion, made in a
 temp dir at start.
 
+The ICE sockets (``--udp-mux``, default ``both``): each N runs twice back to back, on
+the shared UDP port (``ice.udp_mux = true``, the default; configurations named as in
+``CONFIGS``) and with a socket per session (``ice.udp_mux = false``; named
+``<config>:nomux``). ``mux_comparison`` sets them side by side: per configuration the
+largest passing N of each, and at every N both ran, the server CPU per session with the
+mux over without it (target: at most 1.05; ``bench/support/udp_mux_compare.py``).
+
+The publisher's codec (``--codecs``, default ``ffmpeg``): ``ffmpeg`` is FFmpeg's WHIP
+muxer with the H.264 clip (above); ``h264``, ``h265`` and ``av1`` are OBS-shaped
+libdatachannel publishers (``bench/support/obs_push.py``: OBS's offer, libdatachannel's
+packetizers, Opus silence beside the video) replaying the same clip re-encoded once at
+start with the encoder OBS-shaped tests use (libx264 / libx265 / libsvtav1, GOP 30, no
+B-frames, the resolution's bitrate), so every codec decodes the same pictures;
+configurations are then named ``<config>:<codec>`` (``<config>:<codec>:nomux`` without
+the mux). ``codec_comparison`` sets the codecs side by side: per configuration the
+largest passing N and, at every N, the server CPU per session. VP9 has no libdatachannel
+packetizer and is not in the sweep.
+
 Memory per session (``--memory``, instead of the sweep): for each N of ``--steps``
 (default 4, 8), twice on a fresh server: N *idle* sessions (aiortc publishers in one
 process, a video track that never sends a frame: connected, consent-checked, no media)
@@ -46,6 +64,7 @@ Usage::
     .venv/bin/python bench/capacity.py --memory --memory-repeats 3   # about 8 min
     .venv/bin/python bench/capacity.py --quick    # one small step per configuration
     .venv/bin/python bench/capacity.py --only 720p:keyframes --steps 16,24,32
+    .venv/bin/python bench/capacity.py --only 720p:all --codecs h264,h265,av1 --udp-mux on
 """
 
 from __future__ import annotations
@@ -70,6 +89,7 @@ sys.path.insert(0, str(REPO))  # before bench/ (``bench/whip.py`` would shadow `
 import aiohttp  # noqa: E402
 
 from bench.support import server_process  # noqa: E402
+from bench.support.udp_mux_compare import compare_udp_mux  # noqa: E402
 
 CLK_TCK = os.sysconf("SC_CLK_TCK")
 
@@ -80,6 +100,8 @@ CONFIGS = {
     "360p:keyframes": ("360p", "keyframes", [24, 36, 48]),
 }
 SIZES = {"720p": (1280, 720, 2_500_000), "360p": (640, 360, 800_000)}
+CODECS = ("ffmpeg", "h264", "h265", "av1")
+OBS_PUSH = REPO / "bench" / "support" / "obs_push.py"
 
 
 def log(message: str) -> None:
@@ -239,6 +261,41 @@ def make_clip(path: Path, width: int, height: int, bitrate: int, seconds: float)
             container.mux(packet)
 
 
+def encode_frames(clip: Path, codec: str, bitrate: int, path: Path) -> int:
+    """Re-encode ``clip``'s pictures with the OBS-shaped publisher's ``codec`` encoder into
+    a frames file (:func:`bench.support.obs_like.save_frames`); returns the frame count."""
+    import av
+
+    from bench.support.obs_like import ENCODERS, EncodedFrame, save_frames
+
+    name, options = ENCODERS[codec]  # type: ignore[index]
+
+    def frames() -> Any:
+        with av.open(str(clip)) as source:
+            stream = source.streams.video[0]
+            encoder = av.CodecContext.create(name, "w")
+            encoder.width, encoder.height = stream.width, stream.height
+            encoder.pix_fmt = "yuv420p"
+            encoder.time_base = fractions.Fraction(1, 30)
+            encoder.framerate = fractions.Fraction(30, 1)
+            encoder.gop_size = 30
+            encoder.bit_rate = bitrate
+            encoder.options = dict(options)
+            if codec == "av1":  # SVT-AV1 holds a bitrate in low delay only with CBR
+                encoder.options = {**options, "svtav1-params": f"{options['svtav1-params']}:rc=2"}
+            for index, picture in enumerate(source.decode(stream)):
+                picture = picture.reformat(format="yuv420p")
+                picture.pts = index
+                picture.time_base = encoder.time_base  # else PyAV rescales from the mp4's
+                yield from encoder.encode(picture)
+            yield from encoder.encode(None)
+
+    encoded: list[EncodedFrame] = [(int(p.pts), bytes(p), p.is_keyframe) for p in frames()]
+    if not encoded or not encoded[0][2]:
+        raise RuntimeError(f"{codec}: the re-encoded clip does not start with a keyframe")
+    return save_frames(path, encoded)
+
+
 # ---------------------------------------------------------------- processes
 
 
@@ -269,10 +326,11 @@ def rss_kib(pid: int) -> int | None:
 
 
 def start_server(
-    data_dir: Path, log_path: Path, sessions: int, decode: str
+    data_dir: Path, log_path: Path, sessions: int, decode: str, udp_mux: bool = True
 ) -> server_process.ServerProcess:
-    """A fresh server with room for ``sessions`` (+ 8) and the ``decode`` policy."""
-    log(f"server for {sessions} sessions, decode={decode}")
+    """A fresh server with room for ``sessions`` (+ 8), the ``decode`` policy and the
+    ICE sockets: the shared UDP port (a free one) or a socket per session."""
+    log(f"server for {sessions} sessions, decode={decode}, udp_mux={udp_mux}")
     return server_process.ServerProcess(
         "bench/capacity",
         data_dir,
@@ -281,6 +339,7 @@ def start_server(
         {
             **server_process.media_budget_env(sessions + 8),
             "WHIP_INGEST_PIPELINE_DECODE": decode,
+            "WHIP_INGEST_ICE_UDP_MUX": "true" if udp_mux else "false",
             "WHIP_INGEST_LOG_LEVEL": "INFO",
         },
     )
@@ -305,7 +364,8 @@ def read_final_stats(data_dir: Path) -> dict[str, dict[str, Any]]:
                         info["stream"] = event.data.get("stream", "")
                     elif event.type == "stats":
                         info["stats_events"] += 1
-                        if event.data.get("final"):
+                        video = event.data.get("kind", "video") == "video"
+                        if event.data.get("final") and video:  # the audio track's too
                             info["final"] = dict(event.data)
                     elif event.type == "session_closed":
                         info["closed_reason"] = event.data.get("reason")
@@ -408,13 +468,29 @@ def summarize_raw(path: Path, top: int = 15) -> dict[str, Any]:
 
 
 async def run_step(
-    args: argparse.Namespace, work: Path, res: str, decode: str, n: int, clip: Path, spy: bool
+    args: argparse.Namespace,
+    work: Path,
+    res: str,
+    decode: str,
+    n: int,
+    clip: Path,
+    spy: bool,
+    udp_mux: bool = True,
+    codec: str = "ffmpeg",
 ) -> dict[str, Any]:
-    tag = f"{res}-{decode}-{n}"
+    tag = f"{res}-{decode}-{n}-{'mux' if udp_mux else 'nomux'}"
+    if codec != "ffmpeg":
+        tag = f"{res}-{decode}-{codec}-{n}-{'mux' if udp_mux else 'nomux'}"
     data_dir = work / f"data-{tag}"
-    server = start_server(data_dir, work / f"server-{tag}.log", n, decode)
+    server = start_server(data_dir, work / f"server-{tag}.log", n, decode, udp_mux)
     pubs: list[subprocess.Popen[bytes]] = []
-    step: dict[str, Any] = {"n": n, "resolution": res, "decode": decode}
+    step: dict[str, Any] = {
+        "n": n,
+        "resolution": res,
+        "decode": decode,
+        "udp_mux": udp_mux,
+        "codec": codec,
+    }
     try:
         async with aiohttp.ClientSession() as http:
             await server.wait_ready()
@@ -424,6 +500,8 @@ async def run_step(
             for i in range(n):
                 url = f"{server.base}/whip/cap{i:03d}"
                 cmd = [sys.executable, "-c", PUBLISHER, url, str(clip), str(args.push_s)]
+                if codec != "ffmpeg":
+                    cmd = [sys.executable, str(OBS_PUSH), url, str(clip), str(args.push_s), codec]
                 pub = subprocess.Popen(  # noqa: ASYNC220 (a fast fork/exec; PID recorded)
                     cmd,
                     stdin=subprocess.DEVNULL,
@@ -874,39 +952,81 @@ async def run_memory(args: argparse.Namespace, work: Path) -> dict[str, Any]:
 
 
 async def run(args: argparse.Namespace, work: Path) -> dict[str, Any]:
-    clips: dict[str, Path] = {}
+    clips: dict[tuple[str, str], Path] = {}
     for res in sorted({CONFIGS[c][0] for c in args.only}):
         width, height, bitrate = SIZES[res]
         path = work / f"clip_{res}.mp4"
         started = time.monotonic()
         await asyncio.to_thread(make_clip, path, width, height, bitrate, args.clip_s)
-        clips[res] = path
+        clips[(res, "ffmpeg")] = path
         log(f"clip {path.name}: {path.stat().st_size} bytes in {time.monotonic() - started:.1f} s")
+        for codec in args.codecs:
+            if codec == "ffmpeg":
+                continue
+            frames_path = work / f"clip_{res}.{codec}.frames"
+            started = time.monotonic()
+            count = await asyncio.to_thread(encode_frames, path, codec, bitrate, frames_path)
+            clips[(res, codec)] = frames_path
+            log(
+                f"clip {frames_path.name}: {count} frames, {frames_path.stat().st_size} bytes "
+                f"in {time.monotonic() - started:.1f} s"
+            )
     configs: dict[str, Any] = {}
-    for name in args.only:
-        res, decode, steps = CONFIGS[name]
+    for config, codec in [(c, k) for c in args.only for k in args.codecs]:
+        res, decode, steps = CONFIGS[config]
+        name = config if codec == "ffmpeg" else f"{config}:{codec}"
         if args.steps:
             steps = args.steps
         if args.quick:
             steps = steps[:1] if not args.steps else args.steps[:1]
-        results = []
-        best = 0
+        # Each N runs once per mode, back to back (the same run, the same host load); a
+        # mode stops stepping at its first failing N, the other goes on.
+        results: dict[bool, list[dict[str, Any]]] = {mode: [] for mode in args.udp_mux}
+        best = dict.fromkeys(args.udp_mux, 0)
         for n in steps:
-            step = await run_step(args, work, res, decode, n, clips[res], args.spy)
-            results.append(step)
-            if not step["passed"]:
+            going = [m for m in args.udp_mux if not results[m] or results[m][-1]["passed"]]
+            if not going:
                 break
-            best = n
-        configs[name] = {
-            "resolution": res,
-            "decode": decode,
-            "steps_tried": [s["n"] for s in results],
-            "largest_passing_n": best,
-            "ceiling_reached": bool(results) and not results[-1]["passed"],
-            "steps": results,
-        }
-        log(f"{name}: largest passing N = {best} (tried {[s['n'] for s in results]})")
+            for mode in going:
+                step = await run_step(
+                    args, work, res, decode, n, clips[(res, codec)], args.spy, mode, codec
+                )
+                results[mode].append(step)
+                if step["passed"]:
+                    best[mode] = n
+        for mode in args.udp_mux:
+            key = name if mode == args.udp_mux[0] else f"{name}:nomux"
+            configs[key] = {
+                "resolution": res,
+                "decode": decode,
+                "udp_mux": mode,
+                "codec": codec,
+                "steps_tried": [s["n"] for s in results[mode]],
+                "largest_passing_n": best[mode],
+                "ceiling_reached": bool(results[mode]) and not results[mode][-1]["passed"],
+                "steps": results[mode],
+            }
+            log(f"{key}: largest passing N = {best[mode]} udp_mux={mode}")
     return configs
+
+
+def compare_codecs(configs: dict[str, Any]) -> dict[str, Any]:
+    """Per (resolution, decode, mux mode): each codec's largest passing N and, by N, its
+    server CPU per session (% of one core) where the step passed."""
+    out: dict[str, Any] = {}
+    for config in configs.values():
+        mode = "" if config["udp_mux"] else ":nomux"
+        group = f"{config['resolution']}:{config['decode']}{mode}"
+        row = out.setdefault(group, {})
+        row[config.get("codec", "ffmpeg")] = {
+            "largest_passing_n": config["largest_passing_n"],
+            "cpu_pct_per_session_by_n": {
+                str(step["n"]): step.get("server_cpu_pct_of_one_core_per_session")
+                for step in config["steps"]
+                if step["passed"]
+            },
+        }
+    return {group: row for group, row in out.items() if len(row) > 1}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -933,7 +1053,24 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--memory-repeats", type=int, default=1, help="with --memory: runs per step (median)"
     )
+    parser.add_argument(
+        "--udp-mux",
+        choices=("both", "on", "off"),
+        default="both",
+        help="ICE sockets: the shared UDP port, a socket per session, or both in the same "
+        "run (each N back to back; the comparison is in mux_comparison)",
+    )
+    parser.add_argument(
+        "--codecs",
+        default="ffmpeg",
+        help=f"comma-separated publishers/codecs of {','.join(CODECS)} (module doc)",
+    )
     args = parser.parse_args(argv)
+    args.codecs = [c.strip() for c in args.codecs.split(",") if c.strip()]
+    for codec in args.codecs:
+        if codec not in CODECS:
+            parser.error(f"unknown codec {codec!r}")
+    args.udp_mux = {"both": [True, False], "on": [True], "off": [False]}[args.udp_mux]
     args.only = [c.strip() for c in args.only.split(",") if c.strip()]
     for name in args.only:
         if name not in CONFIGS:
@@ -995,6 +1132,8 @@ def main(argv: list[str] | None = None) -> int:
         "sent)",
         "publisher": "python -c subprocess, PyAV/FFmpeg WHIP muxer, stream copy, paced by pts",
         "summary": {k: v["largest_passing_n"] for k, v in configs.items()},
+        "mux_comparison": compare_udp_mux(configs),
+        "codec_comparison": compare_codecs(configs),
         "configs": configs,
         "host": {
             "cpus": len(os.sched_getaffinity(0)),

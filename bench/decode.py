@@ -38,10 +38,23 @@ the black one shares, so disabling it moves that cost to black) and
 one profiled pipeline run (cProfile; Python 3.12's cProfile sees every thread, the
 producer's own rows are filtered out) show where the pipeline's extra time goes.
 
+Per codec (``per_codec``; ``--codecs``, default H.264, H.265, AV1, VP9, VP8): the same
+1280x720 30 fps pattern through each format's encoder (:data:`CLIP_ENCODERS`: libx264,
+libx265, libsvtav1, libvpx-vp9, libvpx; no B-frames, one keyframe a second, real-time
+settings, as a live publisher encodes), then ``pyav`` against ``pipeline_analyzers`` and
+``pipeline_bare`` with the decoder the pipeline opens for that codec
+(:data:`pipeline.decoder.DECODERS`: ``h264``, ``hevc``, ``libdav1d``, ``vp9``, ``vp8``),
+``--codec-repetitions`` times (order alternating). The target is ``ratio_analyzers`` >= 0.9
+for each. With ``--codec-breakdown``, each codec also gets the thread-CPU
+breakdown (below) of ``--codec-repetitions`` more runs, with ``on_frame`` (the analyzers in
+all) and its share of the worker's decode time. The depacketizers' own cost is
+``bench/rtp_payload.py``'s, not counted here.
+
 Usage::
 
     .venv/bin/python bench/decode.py            # 10 s clip, 3 repetitions
     .venv/bin/python bench/decode.py --quick    # 4 s clip, 1 repetition
+    .venv/bin/python bench/decode.py --quick --only-codecs   # just the per-codec runs
 """
 
 from __future__ import annotations
@@ -69,7 +82,7 @@ import av  # noqa: E402
 import numpy as np  # noqa: E402
 
 from pipeline.analysis import Analysis, AnalysisSettings  # noqa: E402
-from pipeline.decoder import DecodeStats, decoder_worker  # noqa: E402
+from pipeline.decoder import DECODERS, DecodeStats, decoder_worker  # noqa: E402
 from pipeline.frame import EncodedFrame  # noqa: E402
 from pipeline.intake import FrameIntake  # noqa: E402
 from pipeline.keyframes import is_keyframe  # noqa: E402
@@ -90,9 +103,25 @@ def log(message: str) -> None:
 # ---------------------------------------------------------------- the clip
 
 
-def make_clip(seconds: float, width: int, height: int, fps: int, gop: int) -> list[bytes]:
-    """Annex B packets of a synthetic moving pattern (libx264, baseline, no B-frames)."""
-    codec = av.CodecContext.create("libx264", "w")
+CLIP_ENCODERS: dict[str, tuple[str, dict[str, str]]] = {
+    "H264": (
+        "libx264",
+        {"preset": "veryfast", "profile": "baseline", "tune": "zerolatency", "sc_threshold": "0"},
+    ),
+    "H265": ("libx265", {"preset": "ultrafast", "x265-params": "log-level=none:bframes=0"}),
+    "AV1": ("libsvtav1", {"preset": "12", "svtav1-params": "pred-struct=1:rc=2"}),
+    "VP9": ("libvpx-vp9", {"deadline": "realtime", "cpu-used": "8", "lag-in-frames": "0"}),
+    "VP8": ("libvpx", {"deadline": "realtime", "cpu-used": "8", "lag-in-frames": "0"}),
+}
+"""Encoder and options per codec: what a live publisher sends (no B-frames, no lookahead)."""
+
+
+def make_clip(
+    seconds: float, width: int, height: int, fps: int, gop: int, codec_name: str = "H264"
+) -> list[bytes]:
+    """Encoded packets (Annex B for H.264/H.265) of a synthetic moving pattern, no B-frames."""
+    encoder, options = CLIP_ENCODERS[codec_name]
+    codec = av.CodecContext.create(encoder, "w")
     assert isinstance(codec, av.VideoCodecContext)
     codec.width, codec.height, codec.pix_fmt = width, height, "yuv420p"
     codec.time_base = fractions.Fraction(1, fps)
@@ -100,13 +129,7 @@ def make_clip(seconds: float, width: int, height: int, fps: int, gop: int) -> li
     codec.gop_size = gop
     codec.max_b_frames = 0
     codec.bit_rate = 2_500_000 if height >= 720 else 800_000
-    codec.options = {
-        "preset": "veryfast",
-        "profile": "baseline",
-        "tune": "zerolatency",
-        "sc_threshold": "0",
-        "keyint_min": str(gop),
-    }
+    codec.options = {**options, "keyint_min": str(gop)} if encoder == "libx264" else options
     y, x = np.mgrid[0:height, 0:width].astype(np.float32)
     packets: list[bytes] = []
     frames = int(seconds * fps)
@@ -131,9 +154,9 @@ def make_clip(seconds: float, width: int, height: int, fps: int, gop: int) -> li
 # ---------------------------------------------------------------- the two paths
 
 
-def run_pyav(packets: list[bytes], codec_threads: int) -> dict[str, Any]:
+def run_pyav(packets: list[bytes], codec_threads: int, codec_name: str = "H264") -> dict[str, Any]:
     """Plain PyAV: one decoder, the pipeline's thread settings (see ``open_decoder``)."""
-    decoder = av.CodecContext.create("h264", "r")
+    decoder = av.CodecContext.create(DECODERS[codec_name], "r")
     assert isinstance(decoder, av.VideoCodecContext)
     # Explicit, as the pipeline does: PyAV's default (0) lets FFmpeg start one slice
     # thread per core, which made "PyAV alone" a multi-threaded decoder racing the
@@ -162,15 +185,15 @@ def run_pyav(packets: list[bytes], codec_threads: int) -> dict[str, Any]:
     }
 
 
-def encoded_frames(packets: list[bytes]) -> list[EncodedFrame]:
+def encoded_frames(packets: list[bytes], codec_name: str = "H264") -> list[EncodedFrame]:
     now = time.monotonic()
     return [
         EncodedFrame(
             kind="video",
-            codec="H264",
+            codec=codec_name,
             data=data,
             timestamp=index * 3000,
-            keyframe=is_keyframe("H264", data),
+            keyframe=is_keyframe(codec_name, data),
             arrival=now,
         )
         for index, data in enumerate(packets)
@@ -185,6 +208,7 @@ def run_pipeline(
     disable: tuple[str, ...] = (),
     codec_threads: int = 1,
     timed: bool = False,
+    codec_name: str = "H264",
 ) -> dict[str, Any]:
     """Producer on this thread, decoder_worker on a worker thread (profiled if asked;
     with ``timed``, each analyzer's ``process`` and ``on_frame`` are wrapped in
@@ -239,7 +263,7 @@ def run_pipeline(
                 profiler.disable()
 
     # the EncodedFrame objects are built as the tap would (bytes, keyframe scan) ...
-    frames = encoded_frames(packets)
+    frames = encoded_frames(packets, codec_name)
     worker = threading.Thread(target=body, name="decode-video-bench", daemon=True)
     waits = starved = 0
     started, cpu0 = time.perf_counter(), time.process_time()
@@ -346,6 +370,85 @@ def profile_summary(profiler: cProfile.Profile, top: int = 18) -> dict[str, Any]
     }
 
 
+# ---------------------------------------------------------------- per codec
+
+TARGET_RATIO_PER_CODEC = 0.9
+
+
+def run_codec(
+    codec_name: str, args: argparse.Namespace, thumb_dir: Path, repetitions: int
+) -> dict[str, Any]:
+    """One codec's clip: PyAV alone against the pipeline (module doc)."""
+    started = time.perf_counter()
+    packets = make_clip(args.seconds, args.width, args.height, args.fps, args.gop, codec_name)
+    encode_s = round(time.perf_counter() - started, 2)
+    threads = args.codec_threads
+    run_pyav(packets[: args.gop], threads, codec_name)  # warm-up
+    run_pipeline(packets[: args.gop], True, thumb_dir, codec_threads=threads, codec_name=codec_name)
+    reps: list[dict[str, Any]] = []
+    for rep in range(repetitions):
+        order = ["pyav", "pipeline_analyzers", "pipeline_bare"]
+        if rep % 2:
+            order.reverse()
+        result: dict[str, Any] = {}
+        for name in order:
+            if name == "pyav":
+                result[name] = run_pyav(packets, threads, codec_name)
+            else:
+                result[name] = run_pipeline(
+                    packets,
+                    name == "pipeline_analyzers",
+                    thumb_dir,
+                    codec_threads=threads,
+                    codec_name=codec_name,
+                )
+        reps.append(result)
+
+    def median(side: str, key: str) -> float:
+        return round(statistics.median(float(r[side][key]) for r in reps), 1)
+
+    pyav_fps, pyav_cpu = median("pyav", "fps"), median("pyav", "thread_cpu_fps")
+    out: dict[str, Any] = {
+        "encoder": CLIP_ENCODERS[codec_name][0],
+        "decoder": DECODERS[codec_name],
+        "frames": len(packets),
+        "keyframes": sum(is_keyframe(codec_name, p) for p in packets),
+        "bytes": sum(len(p) for p in packets),
+        "encode_s": encode_s,
+        "pyav_fps": pyav_fps,
+        "decode_errors": max(r["pipeline_analyzers"]["decode_errors"] for r in reps),
+    }
+    for name in ("analyzers", "bare"):
+        fps = median(f"pipeline_{name}", "fps")
+        out[f"pipeline_{name}_fps"] = fps
+        out[f"ratio_{name}"] = round(fps / pyav_fps, 3)
+        worker = median(f"pipeline_{name}", "worker_cpu_fps")
+        out[f"worker_cpu_ratio_{name}"] = round(worker / pyav_cpu, 3)
+    out["passes"] = out["ratio_analyzers"] >= TARGET_RATIO_PER_CODEC
+    out["analyzer_ms_per_frame"] = round(
+        1000 / out["pipeline_analyzers_fps"] - 1000 / out["pipeline_bare_fps"], 3
+    )
+    if args.codec_breakdown:
+        # The analyzers' own worker-thread CPU (module doc, "breakdown"): steadier on a
+        # shared host than any wall-time ratio of a run this short.
+        timed_runs = [
+            run_pipeline(
+                packets, True, thumb_dir, codec_threads=threads, timed=True, codec_name=codec_name
+            )["breakdown_us_per_frame"]
+            for _ in range(repetitions)
+        ]
+        breakdown = {
+            key: round(statistics.median(run[key] for run in timed_runs), 1)
+            for key in timed_runs[0]
+        }
+        on_frame = sum(v for k, v in breakdown.items() if k != "decode_and_intake")
+        breakdown["on_frame"] = round(on_frame, 1)
+        breakdown["on_frame_share_of_decode"] = round(on_frame / breakdown["decode_and_intake"], 3)
+        out["breakdown_us_per_frame"] = breakdown
+    log(f"{codec_name}: {out}")
+    return out
+
+
 # ---------------------------------------------------------------- main
 
 
@@ -366,9 +469,48 @@ def main(argv: list[str] | None = None) -> int:
         help="FFmpeg decoder threads on both sides (default 1, the server default)",
     )
     parser.add_argument("--no-profile", action="store_true")
+    parser.add_argument(
+        "--codecs",
+        default="H264,H265,AV1,VP9,VP8",
+        help="comma-separated codecs of the per-codec runs (empty: none)",
+    )
+    parser.add_argument("--codec-repetitions", type=int, default=3)
+    parser.add_argument(
+        "--only-codecs", action="store_true", help="only the per-codec runs (no H.264 analysis)"
+    )
+    parser.add_argument(
+        "--codec-breakdown",
+        action="store_true",
+        help="per codec also the analyzers' worker-thread CPU per frame (timed runs)",
+    )
     args = parser.parse_args(argv)
     if args.quick:
         args.seconds, args.repetitions, args.loops = min(args.seconds, 4.0), 1, 1
+        args.codec_repetitions = min(args.codec_repetitions, 2)
+    codecs = [c.strip().upper() for c in args.codecs.split(",") if c.strip()]
+    if args.only_codecs:
+        with tempfile.TemporaryDirectory(prefix="bench-decode-") as tmp:
+            per_codec = {c: run_codec(c, args, Path(tmp), args.codec_repetitions) for c in codecs}
+        json.dump(
+            {
+                "bench": "decode",
+                "per_codec": per_codec,
+                "target_ratio_per_codec": TARGET_RATIO_PER_CODEC,
+                "clip": {
+                    "width": args.width,
+                    "height": args.height,
+                    "fps": args.fps,
+                    "gop": args.gop,
+                    "seconds": args.seconds,
+                },
+                "codec_threads": args.codec_threads,
+                "host": {"loadavg": Path("/proc/loadavg").read_text().split()[:3]},
+            },
+            sys.stdout,
+            indent=2,
+        )
+        sys.stdout.write("\n")
+        return 0
 
     started = time.perf_counter()
     log(f"encoding {args.seconds} s of {args.width}x{args.height}@{args.fps} (GOP {args.gop})")
@@ -459,6 +601,8 @@ def main(argv: list[str] | None = None) -> int:
             profile = profile_summary(prof.pop("_profiler"))
             profile["run"] = prof
             profile["note"] = "cProfile overhead inflates Python-level costs; use shares, not fps"
+        log(f"per codec: {codecs}")
+        per_codec = {c: run_codec(c, args, thumb_dir, args.codec_repetitions) for c in codecs}
 
     def med(path: tuple[str, ...]) -> float:
         values = []
@@ -496,6 +640,8 @@ def main(argv: list[str] | None = None) -> int:
         "breakdown_us_per_frame": breakdown,
         "ablation": ablation,
         "profile": profile,
+        "per_codec": per_codec,
+        "target_ratio_per_codec": TARGET_RATIO_PER_CODEC,
         "settings": {
             "intake_depth": DEPTH,
             "payload_limit": PAYLOAD_LIMIT,

@@ -26,6 +26,12 @@ them under ``"audio"``. ``first_frame`` carries the same fields as ``stats`` plu
 ``bitrate_bps`` read 0 with ``rate_window_s`` 0.0 (numbers, never null). Each track
 emits its own ``stats`` at a codec or format change (``"kind"`` says which).
 
+Linting: the video track has a :class:`~pipeline.stream_lint.StreamLint`; :meth:`Analysis.
+watch` makes the video intake feed it every encoded frame with the codec's fmtp. Its
+fields (``profile``, ``level``, ``offered_profile``, ``keyframe_interval_s``, ...) join the
+video ``stats`` and ``first_frame`` data, and its ``stream_warning`` / ``stream_changed``
+events follow the video analyzers' events of the same frame.
+
 Decode policy: with ``decode = "keyframes"`` (``settings.keyframes_only``) the decoder
 delivers one frame per GOP; ``fps``, ``bitrate_bps`` and ``keyframes`` still come from
 the encoded-frame counters of the intakes (:meth:`Analysis.bind` or
@@ -51,8 +57,9 @@ from pipeline.analyzers.silence import AudioSilence
 from pipeline.analyzers.thumbnail import Thumbnailer
 from pipeline.decoder import DecodeStats, FrameMeta
 from pipeline.frame import Kind
-from pipeline.intake import IntakeStats
+from pipeline.intake import FrameIntake, IntakeStats
 from pipeline.processor import FrameProcessor, check_events, processor_kinds, processor_name
+from pipeline.stream_lint import LintSettings, StreamLint
 from pipeline.supervisor import Supervisor, Worker
 
 logger = logging.getLogger(__name__)
@@ -128,6 +135,9 @@ class Analysis:
             quality=settings.thumbnail_quality,
         )
         self.silence = AudioSilence(settings.silence_threshold_dbfs, settings.silence_min_s)
+        self.lint = StreamLint(
+            LintSettings(rate_window_s=settings.rate_window_s), label=f"run {run_id} video"
+        )
         self._plugins = tuple(
             _Plugin(p, processor_name(p), processor_kinds(p), threading.Lock()) for p in processors
         )
@@ -172,6 +182,15 @@ class Analysis:
             intake_stats=intake_stats, decode_stats=decode_stats, intake_counters=intake_counters
         )
 
+    def watch(self, intakes: Iterable[FrameIntake]) -> None:
+        """Have the first video intake among ``intakes`` feed the linting (module doc).
+        Only one: the linting's order and keyframe checks hold within one stream, and
+        frames of two (simulcast layers) interleaved would read as reordering. Call
+        before frames flow."""
+        video = next((intake for intake in intakes if intake.kind == "video"), None)
+        if video is not None:
+            video.set_observer(self.lint.observe)
+
     def bind_supervisor(self, supervisor: Supervisor) -> None:
         """:meth:`bind` every kind to ``supervisor``'s workers (first worker of each kind).
 
@@ -204,11 +223,16 @@ class Analysis:
 
     def _video(self, frame: av.VideoFrame, meta: FrameMeta) -> list[Event]:
         events = self.video_stats.process(frame, meta)
+        for etype, data in events:
+            if etype == "stats":
+                data.update(self.lint.fields())
         if self.lead == "video":
             self._first_frame(meta, events)
         events += self.scene.process(frame, meta)
         events += self.black.process(frame, meta)
         events += self.thumbnailer.process(frame, meta)
+        fps, _bitrate, span = self.video_stats.fps_and_bitrate()
+        events += self.lint.process(frame, meta, fps, span)
         return events
 
     def _audio(self, frame: av.AudioFrame, meta: FrameMeta) -> list[Event]:
@@ -223,6 +247,8 @@ class Analysis:
             return
         self._first_frame_sent = True
         data = self._lead_stats().snapshot()
+        if self.lead == "video":
+            data.update(self.lint.fields())
         data["ms_since_post"] = int((meta.decoded_at - self.posted_at) * 1000)
         events.insert(0, ("first_frame", data))
 
@@ -247,6 +273,7 @@ class Analysis:
         ``"audio"``, ``scene_changes`` and ``thumbnails`` (video), ``"final": True``."""
         data = self._lead_stats().final()
         if self.lead == "video":
+            data.update(self.lint.fields())
             if "audio" in self.kinds:
                 audio = self.audio_stats.final()
                 audio["level_dbfs"] = round(self.silence.level_dbfs, 1)

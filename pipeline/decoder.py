@@ -33,13 +33,22 @@ logger = logging.getLogger(__name__)
 
 DECODERS = {
     "H264": "h264",
+    "H265": "hevc",
+    "HEVC": "hevc",
+    "AV1": "libdav1d",
+    "VP9": "vp9",
     "VP8": "vp8",
     "OPUS": "opus",
     "PCMU": "pcm_mulaw",
     "PCMA": "pcm_alaw",
     "G722": "g722",
 }
-"""aiortc codec name (upper-cased) -> FFmpeg decoder."""
+"""aiortc codec name (upper-cased) -> FFmpeg decoder. AV1 is dav1d (``libdav1d``), not
+FFmpeg's own ``av1`` (a hardware-only wrapper without a hwaccel: it decodes nothing
+here); VP9 is FFmpeg's native ``vp9``, not ``libvpx-vp9`` (faster, and sliced threads).
+Each honours ``thread_count`` as :func:`open_decoder` sets it (dav1d's own thread pool
+is sized from it: with 1, one thread and a frame delay of 1), so the media budget's one
+thread per worker holds for every format."""
 
 AUDIO_FORMATS = {
     "opus": (48000, "stereo"),

@@ -22,8 +22,9 @@ keyframe fits, and ``on_need_keyframe()`` is called once at the start of the epi
 only on request (browsers) would otherwise never be asked twice. FFmpeg's WHIP muxer
 ignores PLI (docs/INTEROP.md section 4), so recovery can take a whole GOP. The decode
 worker can start an episode too (:meth:`FrameIntake.request_keyframe`, after a decode
-error). Audio frames are all independently decodable: an audio drop loses that frame
-only and never asks for anything.
+error), and so can the producer for a frame it could not make
+(:meth:`FrameIntake.frame_lost`: a payload that did not assemble). Audio frames are all
+independently decodable: an audio drop loses that frame only and never asks for anything.
 
 Threads: :meth:`FrameIntake.offer` and ``on_need_keyframe`` run on the event loop
 thread; :meth:`FrameIntake.get` runs on the one worker thread; :meth:`FrameIntake.close`
@@ -36,7 +37,7 @@ import collections
 import logging
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -52,6 +53,10 @@ class CodecLike(Protocol):
 
     @property
     def name(self) -> str: ...
+
+
+FrameObserver = Callable[[EncodedFrame, Mapping[str, object] | None], None]
+"""``observer(frame, codec_parameters)``: see :meth:`FrameIntake.set_observer`."""
 
 
 class JitterFrameLike(Protocol):
@@ -101,6 +106,9 @@ class IntakeStats:
     max_depth: int
     keyframe_requests: int
     closed: bool
+    lost_frames: int = 0
+    """Frames that never reached the queue because they did not assemble
+    (:meth:`FrameIntake.frame_lost`); not part of ``frames_in``."""
 
 
 class FrameIntake:
@@ -116,6 +124,10 @@ class FrameIntake:
     ``on_need_keyframe`` runs on the producer's thread inside :meth:`offer` (i.e. inside
     aiortc's RTP handling): it must not block; it should schedule a PLI
     (:func:`whip.rtc.pli.schedule_pli`) as a task. An exception from it is logged and swallowed.
+
+    ``layer``: the simulcast layer (RID) a further decoded layer's intake carries, None
+    for a track's own intake; the supervisor gives a layer's decoded frames to no
+    analyzer (:class:`pipeline.supervisor.Supervisor`).
     """
 
     def __init__(
@@ -126,7 +138,12 @@ class FrameIntake:
         payload_limit: int,
         on_need_keyframe: Callable[[], None] | None = None,
         label: str = "",
+        offered_fmtp: Mapping[int, Mapping[str, object]] | None = None,
+        layer: str | None = None,
     ) -> None:
+        """``offered_fmtp``: the publisher's offer's ``a=fmtp`` parameters by payload type
+        (from the SDP itself: the WebRTC stack's negotiated codec carries its own local
+        parameters, not the offer's), handed to the observer (:meth:`set_observer`)."""
         if kind not in ("video", "audio"):
             raise ValueError(f"kind must be 'video' or 'audio', not {kind!r}")
         if depth < 1 or payload_limit < 1:
@@ -135,6 +152,7 @@ class FrameIntake:
         self.depth_limit = depth
         self.payload_limit = payload_limit
         self.label = label or kind
+        self.layer = layer
         self._on_need_keyframe = on_need_keyframe
         self._cond = threading.Condition(threading.Lock())
         self._queue: collections.deque[EncodedFrame] = collections.deque()
@@ -153,12 +171,42 @@ class FrameIntake:
         self.empty_frames = 0
         self.max_depth = 0
         self.keyframe_requests = 0
+        self.lost_frames = 0
+        self._offered_fmtp: Mapping[int, Mapping[str, object]] = offered_fmtp or {}
+        self.codec_parameters: Mapping[str, object] | None = None
+        """The offer's fmtp of the payload type of the last :meth:`offer` (None: unknown)."""
+        self._observer: FrameObserver | None = None
+
+    def set_observer(self, observer: FrameObserver | None) -> None:
+        """Have ``observer(frame, codec_parameters)`` called for every frame :meth:`put`
+        takes, queued or dropped, on the producer's thread after the lock is released
+        (:meth:`pipeline.stream_lint.StreamLint.observe`). It must not block; what it
+        raises propagates out of :meth:`put` (the tap reports it as a fault)."""
+        self._observer = observer
+
+    def add_observer(self, observer: FrameObserver) -> None:
+        """Have ``observer`` called too, after the ones already set (the recorder's
+        :meth:`pipeline.recording.recorder.SessionRecorder.observe` beside the linting's);
+        the same rules as :meth:`set_observer`. Call before frames flow."""
+        first = self._observer
+        if first is None:
+            self._observer = observer
+            return
+
+        def both(frame: EncodedFrame, parameters: Mapping[str, object] | None) -> None:
+            first(frame, parameters)
+            observer(frame, parameters)
+
+        self._observer = both
 
     # ----------------------------------------------------------- producer side
 
     def offer(self, codec: CodecLike, frame: JitterFrameLike) -> bool:
         """Take one aiortc frame (the tap's sink). Never blocks; True if it was queued."""
         data = bytes(frame.data)
+        payload_type: object = getattr(codec, "payloadType", None)
+        if isinstance(payload_type, int):
+            self.codec_parameters = self._offered_fmtp.get(payload_type)
         return self.put(
             EncodedFrame(
                 kind=self.kind,
@@ -208,7 +256,25 @@ class FrameIntake:
                 self.keyframe_requests += 1
         if ask:
             self._ask_for_keyframe()
+        if self._observer is not None:
+            self._observer(frame, self.codec_parameters)
         return queued
+
+    def frame_lost(self) -> None:
+        """A frame the producer could not make (its payload did not assemble). Producer
+        thread, never blocks. Counted in ``lost_frames``; for video a drop episode opens
+        (every frame is dropped until a keyframe) and ``on_need_keyframe`` is called, once
+        per episode, as for a frame the queue dropped. Audio: only counted."""
+        ask = False
+        with self._cond:
+            self.lost_frames += 1
+            if self.kind == "video" and not self._closed:
+                ask = not self._resync
+                self._resync = True
+                if ask:
+                    self.keyframe_requests += 1
+        if ask:
+            self._ask_for_keyframe()
 
     def _drop_locked(self, size: int) -> bool:
         self.dropped_frames += 1
@@ -310,4 +376,5 @@ class FrameIntake:
                 max_depth=self.max_depth,
                 keyframe_requests=self.keyframe_requests,
                 closed=self._closed,
+                lost_frames=self.lost_frames,
             )

@@ -2,7 +2,10 @@
 
 ARCHITECTURE.md "Flow of one push", step 4. A :class:`Supervisor` owns the decode
 worker threads of one session, one per track (``decode-video-<session>``,
-``decode-audio-<session>``; the thread name is its *stage* plus the session label):
+``decode-audio-<session>``; the thread name is its *stage* plus the session label). A
+further simulcast layer's intake (``FrameIntake.layer``, ``decode-video2``...) is decoded
+and counted, but its frames go to no ``on_frame`` (the analyzers of a kind live on one
+thread).
 
 - :meth:`Supervisor.start` starts them all or none: if a thread fails to start, the
   ones already running are stopped (their intakes closed) and joined within
@@ -228,7 +231,9 @@ class Supervisor:
                 codec_threads=self._codec_threads,
                 keyframes_only=self._keyframes_only,
                 max_pixels=self._max_pixels,
-                on_frame=self._on_frame,
+                # A further simulcast layer is decoded and counted, not analysed: the
+                # analyzers of a kind live on one thread (pipeline.analysis).
+                on_frame=self._on_frame if worker.intake.layer is None else None,
             )
 
         return run

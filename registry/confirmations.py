@@ -21,6 +21,7 @@ import concurrent.futures
 import contextlib
 import logging
 import time
+from operator import itemgetter
 from typing import cast
 
 from registry.errors import RegistryError
@@ -42,6 +43,7 @@ A plain tuple rather than a class: one is built per append, on the hot path. ``l
 None for thread producers, whose future is a :class:`concurrent.futures.Future`."""
 
 _monotonic = time.monotonic
+_loop_of = itemgetter(2)
 
 
 def settle_futures(results: list[tuple[asyncio.Future[int], int | BaseException]]) -> None:
@@ -59,20 +61,18 @@ def confirm_batch(batch: list[PendingAppend], first: int, latency: Histogram) ->
     """Tell every producer of a durable batch its seq (``first`` is the batch's first).
 
     Writer thread: thread futures here, loop futures through one
-    ``call_soon_threadsafe`` per loop; this pass stays one cheap look per event.
+    ``call_soon_threadsafe`` per loop. Which loops the batch holds is one C-level pass
+    (a set of the items' loops); only a batch with thread producers is walked in Python.
     """
-    loops: list[asyncio.AbstractEventLoop] = []
-    last_loop: asyncio.AbstractEventLoop | None = None
-    for seq, (_event, _body, loop, fut, _started) in enumerate(batch, first):
-        if loop is None:
-            try:
-                fut.set_result(seq)
-            except concurrent.futures.InvalidStateError:  # the caller cancelled it
-                logger.debug("wal: seq %d is durable; its future was cancelled", seq)
-        elif loop is not last_loop:
-            last_loop = loop
-            if loop not in loops:
-                loops.append(loop)
+    loops = set(map(_loop_of, batch))
+    if None in loops:
+        loops.discard(None)
+        for seq, (_event, _body, loop, fut, _started) in enumerate(batch, first):
+            if loop is None:
+                try:
+                    fut.set_result(seq)
+                except concurrent.futures.InvalidStateError:  # the caller cancelled it
+                    logger.debug("wal: seq %d is durable; its future was cancelled", seq)
     for loop in loops:
         try:
             loop.call_soon_threadsafe(_settle_on_loop, batch, first, loop, latency)

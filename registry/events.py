@@ -45,6 +45,12 @@ class EventType(StrEnum):
     FORCED_SHUTDOWN = "forced_shutdown"
     RUN_INTERRUPTED = "run_interrupted"
     RUN_DELETED = "run_deleted"
+    ICE_RESTARTED = "ice_restarted"
+    STREAM_WARNING = "stream_warning"
+    STREAM_CHANGED = "stream_changed"
+    SIMULCAST_LAYER = "simulcast_layer"
+    RECORDING_SEGMENT = "recording_segment"
+    RECORDING_FAILED = "recording_failed"
 
 
 def now_ms() -> int:
@@ -156,7 +162,8 @@ else:
 
 
 class Event(NamedTuple):
-    """A durable timeline event; ``seq`` is global, gap-free and strictly increasing."""
+    """A durable timeline event; ``seq`` is gap-free and strictly increasing: across the
+    whole log on the embedded WAL, within its run in cluster mode (:mod:`registry.pg`)."""
 
     seq: int
     run_id: str

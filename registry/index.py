@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from array import array
 from bisect import bisect_right
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
@@ -57,6 +58,9 @@ class EventIndex:
 
     def __init__(self) -> None:
         self._runs: dict[str, RunPositions] = {}
+        self.known_positions: Callable[[str], RunPositions | None] = self._runs.get
+        """The run's positions, or None if it has none (the writer's per-event lookup:
+        one C call; :meth:`positions_for` creates what is missing)."""
 
     def positions_for(self, run_id: str) -> RunPositions:
         """The run's positions, created empty if new (writer thread / recovery only)."""

@@ -141,10 +141,12 @@ class RunView:
     state: str
     stream_state: StreamState | None
     delete_state: DeleteState
+    node_id: str = ""
+    """The owner node (cluster mode; empty on the embedded WAL, where there is one)."""
 
     def to_json(self) -> dict[str, object]:
-        """The wire shape of ARCHITECTURE.md."""
-        return {
+        """The wire shape of ARCHITECTURE.md (``node`` only in cluster mode)."""
+        body: dict[str, object] = {
             "id": self.run_id,
             "principal": self.principal,
             "stream": self.stream,
@@ -153,6 +155,9 @@ class RunView:
             "last_activity_ms": self.last_activity_ms,
             "session_id": self.session_id or None,
         }
+        if self.node_id:
+            body["node"] = self.node_id
+        return body
 
 
 class ClaimKind(StrEnum):

@@ -3,7 +3,8 @@
 Wiring (all on the WAL writer thread, in this order, after each durable batch):
 ``EventIndex.add`` -> :meth:`RunRegistry.apply_many` -> retention evictions ->
 :meth:`SnapshotBuilder.publish` (one reference swap) -> producers confirmed ->
-:meth:`WaitHub.notify`. Hence a confirmed seq is already readable, and a long-poller
+:meth:`WaitHub.notify` -> :meth:`BatchFeed.publish` (whole-log followers,
+:mod:`registry.feed`). Hence a confirmed seq is already readable, and a long-poller
 woken for it finds it.
 
 Reads: :meth:`Timeline.read_run_events` answers from the published snapshot when the
@@ -38,18 +39,20 @@ from registry.errors import (
     UnknownRunError,
 )
 from registry.events import Event, EventType, NewEvent
+from registry.feed import BatchFeed
 from registry.histogram import BATCH_SIZES, Histogram
 from registry.lockfile import DataDirLock
 from registry.record import DEFAULT_MAX_RECORD_BYTES, decode_frame_at, principal_at
 from registry.recovery import RecoveryReport
-from registry.runs import DEFAULT_DELETED_RETENTION, RunRegistry
+from registry.runs import DEFAULT_DELETED_RETENTION, RunRegistry, RunView
 from registry.snapshot import (
     DEFAULT_TAIL_EVENTS,
     DEFAULT_WARM_RUNS,
     Snapshot,
     SnapshotBuilder,
 )
-from registry.waiters import WaitHub
+from registry.waiters import MAX_WAIT_S as MAX_WAIT_S  # re-exported: the routes' bound
+from registry.waiters import WaitHub, check_wait, long_poll
 from registry.wal import (
     DEFAULT_SEGMENT_BYTES,
     DurableBatch,
@@ -63,7 +66,6 @@ logger = logging.getLogger(__name__)
 
 MAX_READ_LIMIT = 1000
 MAX_CURSOR = (1 << 63) - 1
-MAX_WAIT_S = 60.0
 
 _event_type = itemgetter(2)
 """``event.type`` (an :class:`Event` is a tuple; type is its third field)."""
@@ -130,6 +132,8 @@ class Timeline:
         self._forget_lock = threading.Lock()
         self._to_forget: list[str] = []
         self.waiters = WaitHub()
+        self.feed = BatchFeed()
+        """Whole-log followers (webhooks): each batch's runs and newest seq."""
         self._deleter = RunDeleter(self.runs, self.wal)
         self.recovery: RecoveryReport | None = None
         self.interrupted: list[str] = []
@@ -278,6 +282,7 @@ class Timeline:
 
     def _after_confirm(self, batch: DurableBatch) -> None:
         self.waiters.notify(batch.by_run)
+        self.feed.publish(batch.by_run, batch.events[-1].seq)
 
     # ---------------------------------------------------------------- appends
 
@@ -313,6 +318,15 @@ class Timeline:
         return await self._deleter.delete(run_id, principal, data)
 
     # ---------------------------------------------------------------- reads
+
+    async def get_run(self, run_id: str) -> RunView | None:
+        """:meth:`RunRegistry.get` behind the face both backends share (cluster mode's
+        reads go to its store)."""
+        return self.runs.get(run_id)
+
+    async def list_runs(self, principal: str | None = None) -> list[RunView]:
+        """:meth:`RunRegistry.list_runs` behind the face both backends share."""
+        return self.runs.list_runs(principal)
 
     @property
     def snapshot(self) -> Snapshot:
@@ -366,31 +380,13 @@ class Timeline:
         :mod:`registry.waiters`); an empty list on timeout.
         Cancellation: the waiter is unregistered; nothing else changes.
         """
-        if isinstance(wait_s, bool) or not isinstance(wait_s, int | float):
-            raise InvalidCursorError("wait must be a number of seconds")
-        if not 0 <= wait_s <= MAX_WAIT_S:
-            raise InvalidCursorError(f"wait must be between 0 and {MAX_WAIT_S:g} seconds")
+        check_wait(wait_s)
         events = await self.read_events(run_id, after_seq, limit)
         if events or wait_s == 0:
             return events
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + wait_s
-        while True:
-            fut = self.waiters.register(run_id)
-            try:
-                events = await self.read_events(run_id, after_seq, limit)
-                if events:
-                    return events
-                remaining = deadline - loop.time()
-                if remaining <= 0:
-                    return []
-                try:
-                    async with asyncio.timeout(remaining):
-                        await fut
-                except TimeoutError:
-                    return []
-            finally:
-                self.waiters.unregister(run_id, fut)
+        return await long_poll(
+            self.waiters, run_id, lambda: self.read_events(run_id, after_seq, limit), wait_s
+        )
 
     @property
     def ready(self) -> bool:

@@ -35,6 +35,8 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from itertools import repeat
+from operator import itemgetter
 from pathlib import Path
 from typing import Literal, NoReturn, Protocol
 
@@ -118,6 +120,8 @@ class WalStats:
 _monotonic = time.monotonic
 _new_event = tuple.__new__
 """Builds an :class:`Event` from its six fields without the NamedTuple ``__new__`` call."""
+_event_of = itemgetter(0)
+_body_of = itemgetter(1)
 
 
 class Wal:
@@ -265,7 +269,8 @@ class Wal:
         try:
             if self.faults is not None:
                 self.faults.before_write(first, len(batch))
-            data = encode_frames(first, [pending[1] for pending in batch])
+            bodies = list(map(_body_of, batch))
+            data = encode_frames(first, bodies)
             segments.write(data)
         except OSError as exc:
             try:
@@ -298,27 +303,49 @@ class Wal:
         stats.batches += 1
         stats.appended += len(batch)
         stats.last_batch_size = len(batch)
-        durable = self._index(batch, first, loc)
+        durable = self._index(batch, bodies, first, loc)
         self._run_hook(self.hooks.on_durable, durable)
         confirm_batch(batch, first, self.confirm_latency)
         self._run_hook(self.hooks.after_confirm, durable)
 
-    def _index(self, batch: list[PendingAppend], first: int, loc: int) -> DurableBatch:
-        """Seqs become events; each goes into the index at ``loc`` (segment | offset)."""
-        events: list[Event] = []
+    def _index(
+        self, batch: list[PendingAppend], bodies: list[bytes], first: int, loc: int
+    ) -> DurableBatch:
+        """Seqs become events; each goes into the index at ``loc`` (segment | offset).
+
+        The events are built in C-level passes (the batch's fields as columns, then
+        ``tuple.__new__`` mapped over them); the loop left in Python is the grouping by
+        run and the index's arrays.
+        """
+        count = len(batch)
+        run_ids, types, principals, datas, stamps = zip(*map(_event_of, batch), strict=True)
+        events: list[Event] = list(
+            map(
+                _new_event,
+                repeat(Event, count),
+                zip(
+                    range(first, first + count),
+                    run_ids,
+                    types,
+                    stamps,
+                    principals,
+                    datas,
+                    strict=True,
+                ),
+            )
+        )
         by_run: dict[str, list[Event]] = {}
+        known = self.index.known_positions
         positions_for = self.index.positions_for
         seq = first
-        for (run_id, etype, principal, data, ts_ms), body, _loop, _fut, _started in batch:
-            event = _new_event(Event, (seq, run_id, etype, ts_ms, principal, data))
-            events.append(event)
+        for run_id, body, ts_ms, event in zip(run_ids, bodies, stamps, events, strict=True):
             group = by_run.get(run_id)
             if group is None:
                 by_run[run_id] = [event]
             else:
                 group.append(event)
+            run = known(run_id) or positions_for(run_id)
             length = len(body) + FRAME_OVERHEAD
-            run = positions_for(run_id)
             run.seqs.append(seq)
             run.locs.append(loc)
             run.lens.append(length)

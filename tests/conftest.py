@@ -19,7 +19,15 @@ from aiohttp.test_utils import TestServer
 
 from registry.timeline import Timeline, TimelineConfig
 from registry.wal import WalFaults
+from tests.support.chromium import (
+    Chromium,
+    ChromiumPage,
+    PublishPage,
+    open_publisher,
+    require_chromium,
+)
 from tests.support.loop_guard import DecodeWatch, guard_sync_calls
+from tests.support.postgres import PostgresServer
 from tests.support.servers import ServerPool
 from whip.eventloop import DEFAULT_EVENT_LOOP, EventLoopKind, new_event_loop
 
@@ -84,3 +92,44 @@ async def whip_servers(tmp_path: Path) -> AsyncIterator[Callable[..., Awaitable[
     pool = ServerPool(tmp_path / "servers")
     yield pool.start
     await pool.close()
+
+
+@pytest.fixture
+async def chromium() -> AsyncIterator[Callable[..., Awaitable[ChromiumPage]]]:
+    """``await chromium(*flags)``: a headless Chromium (extra ``flags``) with the WHIP
+    publisher page loaded (tests/support/chromium.py); every browser is stopped at
+    teardown. Skips when Chromium is not installed, fails instead under ``CI=true``."""
+    binary = require_chromium()
+    page_server = PublishPage()
+    await page_server.start()
+    browsers: list[Chromium] = []
+
+    async def launch(*flags: str) -> ChromiumPage:
+        browser = Chromium(binary, flags)
+        browsers.append(browser)
+        return await open_publisher(browser, page_server)
+
+    try:
+        yield launch
+    finally:
+        for browser in reversed(browsers):
+            await browser.stop()
+        await page_server.close()
+
+
+@pytest.fixture(scope="session")
+def postgres() -> Iterator[PostgresServer]:
+    """One real PostgreSQL 18 for the session (tests/support/postgres.py): started once,
+    only its own PID stopped at the end. Never skips: a missing wheel fails."""
+    server = PostgresServer()
+    try:
+        server.start()
+        yield server
+    finally:
+        server.close()
+
+
+@pytest.fixture
+def cluster_store(postgres: PostgresServer) -> str:
+    """A fresh database on the session's PostgreSQL: the ``[cluster] store`` URL."""
+    return postgres.create_database()

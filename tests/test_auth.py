@@ -1,7 +1,11 @@
-"""whip.auth: bearer tokens, constant-time lookup, roles, anonymous mode."""
+"""whip.auth: static bearer tokens, constant-time lookup, roles, anonymous mode.
+
+JWT and the auth hook, through the real server: tests/test_auth_jwt.py,
+tests/test_auth_hook.py."""
 
 from __future__ import annotations
 
+import asyncio
 import hmac
 import string
 import tomllib
@@ -54,20 +58,20 @@ def test_generated_tokens() -> None:
     assert parse_bearer(f"Bearer {first.token}") == first.token
 
 
-def test_generated_toml_entry_authenticates() -> None:
+async def test_generated_toml_entry_authenticates() -> None:
     generated = generate_token()
     document = tomllib.loads(generated.toml("studio-z", "operator"))
     assert generated.token not in generated.toml("studio-z")
     config = build_config(document, {}, {"server.host": "0.0.0.0"})
-    who = Authenticator.from_config(config).authenticate(f"Bearer {generated.token}")
+    who = await Authenticator.from_config(config).resolve(f"Bearer {generated.token}")
     assert who == Principal("studio-z", Role.OPERATOR)
     with pytest.raises(ValueError):
         generated.toml("x", "admin")
 
 
-def test_resolves_each_principal(authenticator: Authenticator) -> None:
+async def test_resolves_each_principal(authenticator: Authenticator) -> None:
     assert not authenticator.anonymous
-    results = [authenticator.authenticate(f"Bearer {t}") for t in (STUDIO, OPS, OTHER)]
+    results = [await authenticator.resolve(f"Bearer {t}") for t in (STUDIO, OPS, OTHER)]
     assert results == [
         Principal("studio-a", Role.PUBLISHER),
         Principal("ops", Role.OPERATOR),
@@ -80,20 +84,20 @@ def test_resolves_each_principal(authenticator: Authenticator) -> None:
     "header",
     [f"bearer {STUDIO}", f"BEARER {STUDIO}", f"  Bearer   {STUDIO}  ", f"Bearer {STUDIO}\t"],
 )
-def test_scheme_is_case_insensitive_and_spacing_tolerated(
+async def test_scheme_is_case_insensitive_and_spacing_tolerated(
     authenticator: Authenticator, header: str
 ) -> None:
-    assert authenticator.authenticate(header).name == "studio-a"
+    assert (await authenticator.resolve(header)).name == "studio-a"
 
 
-def test_from_principal_entries() -> None:
-    assert Authenticator.from_config(PRINCIPALS).authenticate(f"Bearer {OPS}").name == "ops"
+async def test_from_principal_entries() -> None:
+    assert (await Authenticator.from_config(PRINCIPALS).resolve(f"Bearer {OPS}")).name == "ops"
 
 
 @pytest.mark.parametrize("header", [None, "", "   "])
-def test_missing_credentials(authenticator: Authenticator, header: str | None) -> None:
+async def test_missing_credentials(authenticator: Authenticator, header: str | None) -> None:
     with pytest.raises(UnauthorizedError) as info:
-        authenticator.authenticate(header)
+        await authenticator.resolve(header)
     error = info.value
     assert (error.http_status, error.code) == (401, "unauthorized")
     assert error.headers == {"WWW-Authenticate": CHALLENGE}
@@ -115,23 +119,23 @@ def test_missing_credentials(authenticator: Authenticator, header: str | None) -
         f"Token {STUDIO}",
     ],
 )
-def test_malformed_credentials(authenticator: Authenticator, header: str) -> None:
+async def test_malformed_credentials(authenticator: Authenticator, header: str) -> None:
     with pytest.raises(UnauthorizedError) as info:
-        authenticator.authenticate(header)
+        await authenticator.resolve(header)
     assert info.value.http_status == 401 and "malformed" in info.value.message
     assert info.value.headers == {"WWW-Authenticate": INVALID}
 
 
 @pytest.mark.parametrize("token", ["nope", STUDIO + "x", STUDIO.upper(), "a" * MAX_TOKEN_LENGTH])
-def test_unknown_token(authenticator: Authenticator, token: str) -> None:
+async def test_unknown_token(authenticator: Authenticator, token: str) -> None:
     with pytest.raises(UnauthorizedError) as info:
-        authenticator.authenticate(f"Bearer {token}")
+        await authenticator.resolve(f"Bearer {token}")
     assert info.value.http_status == 401 and info.value.message == "unknown bearer token"
     assert info.value.headers == {"WWW-Authenticate": INVALID}
 
 
 @pytest.mark.parametrize("token", [STUDIO, OPS, OTHER, "unknown"])
-def test_compares_against_every_entry(
+async def test_compares_against_every_entry(
     authenticator: Authenticator, monkeypatch: pytest.MonkeyPatch, token: str
 ) -> None:
     calls: list[tuple[bytes, bytes]] = []
@@ -143,7 +147,7 @@ def test_compares_against_every_entry(
 
     monkeypatch.setattr(hmac, "compare_digest", counting)  # what whip.auth calls
     try:
-        authenticator.authenticate(f"Bearer {token}")
+        await authenticator.resolve(f"Bearer {token}")
     except UnauthorizedError:
         assert token == "unknown"
     assert len(calls) == len(PRINCIPALS)
@@ -151,17 +155,17 @@ def test_compares_against_every_entry(
     assert len({b for _, b in calls}) == len(PRINCIPALS)
 
 
-def test_anonymous_mode() -> None:
+async def test_anonymous_mode() -> None:
     authenticator = Authenticator.from_config(Config())
     assert authenticator.anonymous
     for header in (None, "", "Bearer whatever", "garbage"):
-        assert authenticator.authenticate(header) is ANONYMOUS
+        assert await authenticator.resolve(header) is ANONYMOUS
     assert Principal("anonymous", Role.OPERATOR) == ANONYMOUS
     assert ANONYMOUS.is_operator
-    assert authenticator.require(None, Role.OPERATOR) is ANONYMOUS
+    assert await authenticator.resolve_requiring(None, Role.OPERATOR) is ANONYMOUS
 
 
-def test_roles(authenticator: Authenticator) -> None:
+async def test_roles(authenticator: Authenticator) -> None:
     publisher = Principal("studio-a", Role.PUBLISHER)
     operator = Principal("ops", Role.OPERATOR)
     history = []
@@ -179,11 +183,11 @@ def test_roles(authenticator: Authenticator) -> None:
         ("ops", "publisher", "ok"),
         ("ops", "operator", "ok"),
     ]
-    assert authenticator.require(f"Bearer {OPS}", Role.OPERATOR).name == "ops"
+    assert (await authenticator.resolve_requiring(f"Bearer {OPS}", Role.OPERATOR)).name == "ops"
     with pytest.raises(ForbiddenError, match="studio-a is a publisher; this needs operator"):
-        authenticator.require(f"Bearer {STUDIO}", Role.OPERATOR)
+        await authenticator.resolve_requiring(f"Bearer {STUDIO}", Role.OPERATOR)
     with pytest.raises(UnauthorizedError):
-        authenticator.require("Bearer unknown", Role.PUBLISHER)
+        await authenticator.resolve_requiring("Bearer unknown", Role.PUBLISHER)
 
 
 def test_entries_must_be_sha256_digests() -> None:
@@ -199,7 +203,7 @@ def test_entries_must_be_sha256_digests() -> None:
 def test_any_header_resolves_or_is_401(header: str | None) -> None:
     authenticator = Authenticator.from_config(PRINCIPALS)
     try:
-        who = authenticator.authenticate(header)
+        who = asyncio.run(authenticator.resolve(header))
     except UnauthorizedError as exc:
         assert exc.http_status == 401 and "WWW-Authenticate" in exc.headers
     else:

@@ -91,24 +91,22 @@ def test_publish_then_operate_on_the_run(server: str) -> None:
             "--test-pattern",
             f"{server}/whip/cli-test",
             "--duration",
-            "5",
+            "8",
         ],
         stderr=subprocess.PIPE,
         text=True,
     )
     try:
-        # A bound, not a timing figure: each cli() call is a fresh interpreter (~1 s on a
-        # loaded 2-core machine), and the publisher imports PyAV before it POSTs.
-        # The live session is looked for first: the push lasts 5 s, and on a loaded machine
-        # three cli() calls before this one could outlast it. Its run outlives it.
-
-        def live_runs() -> list[str]:  # run_created is durable just before the session exists
-            sessions = cli("sessions", "--server", server, "--json")
-            return [s["run_id"] for s in json.loads(sessions.stdout)["items"]]
-
-        live = eventually_blocking(
-            live_runs, within=60, awaiting="a live session appeared", every=0
-        )
+        # A bound, not a timing figure: each cli() call is a fresh interpreter (~1 s, and
+        # several on a loaded 2-core machine), and the publisher imports PyAV before it
+        # POSTs. The session is found by an in-process probe first (which fails at once if
+        # the publisher exits), so the CLI's own `sessions` call starts while the 8 s push
+        # is surely live; its run outlives it.
+        found = _session_run_id(server, "cli-test", publisher, bound_s=60)
+        sessions = cli("sessions", "--server", server, "--json")
+        assert sessions.returncode == 0, sessions.stderr
+        live = [s["run_id"] for s in json.loads(sessions.stdout)["items"]]
+        assert live == [found]
         listed = cli("runs", "ls", "--server", server, "--json")
         assert listed.returncode == 0, listed.stderr
         runs: list[dict[str, object]] = json.loads(listed.stdout)["items"]
@@ -118,7 +116,7 @@ def test_publish_then_operate_on_the_run(server: str) -> None:
         table = cli("runs", "ls", "--server", server)
         assert run_id in table.stdout and "STATE" in table.stdout
         assert live == [run_id]
-        # --follow streams until the session closes (the publisher ends after 5 s).
+        # --follow streams until the session closes (the publisher ends after 8 s).
         follow = cli("runs", "events", run_id, "--follow", "--json", "--server", server)
         assert follow.returncode == 0, follow.stderr
         types = [json.loads(line)["type"] for line in follow.stdout.splitlines()]
@@ -155,7 +153,9 @@ def _session_run_id(
     once if the publisher exits first)."""
 
     def listed() -> str | None:  # the list cannot be long-polled: re-ask
-        assert publisher.poll() is None, f"publisher exited {publisher.returncode}"
+        if publisher.poll() is not None:
+            _, said = publisher.communicate()
+            raise AssertionError(f"publisher exited {publisher.returncode}: {said}")
         items = _get_json(f"{server}/v1/sessions")["items"]
         runs = [str(item["run_id"]) for item in items if item["stream"] == stream]
         if not runs:

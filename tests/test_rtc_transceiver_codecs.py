@@ -130,7 +130,7 @@ async def test_once_connected_a_payload_type_outside_the_plan_routes_nowhere(
         assert routed(pt, ssrc=2222 + index) is (None if restricted else receiver)
 
 
-async def test_the_rtx_of_an_accepted_codec_stays_in_aiortcs_order(peers: LoopbackPeers) -> None:
+async def test_codecs_take_the_plans_order_each_rtx_after_its_codec(peers: LoopbackPeers) -> None:
     offer = await peers.publisher_offer(peers.new(), audio=False)
     summary = check_offer(offer.encode())
     plan = summary.video
@@ -139,8 +139,11 @@ async def test_the_rtx_of_an_accepted_codec_stays_in_aiortcs_order(peers: Loopba
     [transceiver] = answerer.getTransceivers()
     before = payload_types(transceiver)
     assert restrict_codecs(transceiver, summary) is True
-    keep = {*plan.payload_types, *plan.rtx_payload_types}
-    assert payload_types(transceiver) == [pt for pt in before if pt in keep]
+    apt = {c.payloadType: c.parameters.get("apt") for c in transceiver._codecs}
+    expected: list[int] = []
+    for pt in plan.payload_types:
+        expected += [pt, *(r for r in plan.rtx_payload_types if str(apt.get(r)) == str(pt))]
+    assert payload_types(transceiver) == [pt for pt in expected if pt in before]
     assert set(plan.rtx_payload_types) <= set(payload_types(transceiver))
 
 

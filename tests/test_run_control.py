@@ -251,15 +251,15 @@ async def test_another_principals_run_is_404_exactly_like_a_missing_one(harness:
             answers.append((type(error), error.http_status, error.code, str(error)))
     assert set(answers) == {(NotFoundError, 404, "not_found", "no such run")}
     with pytest.raises(NotFoundError):
-        harness.control.visible("r_alice", BOB)
+        await harness.control.visible("r_alice", BOB)
     assert harness.appended() == before
     assert await harness.types("r_alice") == ["run_created"]
 
 
 async def test_the_owner_and_operators_see_the_run(harness: Harness) -> None:
     await harness.create("r_1", ALICE)
-    assert harness.control.visible("r_1", ALICE).principal == "alice"
-    assert harness.control.visible("r_1", OPERATOR).run_id == "r_1"
+    assert (await harness.control.visible("r_1", ALICE)).principal == "alice"
+    assert (await harness.control.visible("r_1", OPERATOR)).run_id == "r_1"
     result = await harness.control.stop("r_1", OPERATOR)
     assert result.run.state == "stopping"
 
@@ -287,7 +287,7 @@ async def test_eight_concurrent_deletes_append_one_run_deleted(
     assert outcomes == sorted([ClaimKind.CLAIMED] + [ClaimKind.ALREADY_DELETED] * 7)
     assert len({r.event.seq for r in results}) == 1
     assert harness.timeline.runs.get("r_1") is not None
-    assert harness.control.visible("r_1", ALICE).state == "deleted"
+    assert (await harness.control.visible("r_1", ALICE)).state == "deleted"
     # The session manager's close decides the one winner; every delete asks it, as stopped.
     assert harness.sessions.closes
     assert set(harness.sessions.closes) == {("s_r_1", CloseReason.STOPPED)}

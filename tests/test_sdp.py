@@ -11,6 +11,7 @@ from hypothesis import strategies as st
 
 from whip.errors import HttpError
 from whip.sdp import (
+    DEFAULT_VIDEO_CODECS,
     AnswerMismatchError,
     Codec,
     Direction,
@@ -28,6 +29,7 @@ from whip.sdp import (
     parse_offer,
     receivable,
 )
+from whip.sdp.codec_rules import video_format
 
 FIXTURES = Path(__file__).resolve().parent.parent / "fixtures" / "sdp"
 GOOD = [
@@ -93,7 +95,14 @@ def plans(
             "chrome_multi_codec",
             [
                 ("audio", "0", True, (111,), ()),
-                ("video", "1", True, (96, 103, 109, 39, 112), (97, 104, 114, 40, 113)),
+                # the server's preference (H.264, AV1, VP9, VP8), then the offer's order
+                (
+                    "video",
+                    "1",
+                    True,
+                    (103, 109, 39, 112, 45, 98, 100, 96),
+                    (97, 104, 114, 40, 99, 101, 46, 113),
+                ),
             ],
         ),
         (
@@ -104,7 +113,7 @@ def plans(
             "gstreamer_webrtcbin",
             [("video", "video0", True, (96,), (97,)), ("audio", "audio1", True, (98,), ())],
         ),
-        ("video_only_vp8", [("video", "v", True, (96, 102), (97,))]),
+        ("video_only_vp8", [("video", "v", True, (102, 96), (97,))]),
         ("audio_only_opus", [("audio", "a0", True, (111,), ())]),
     ],
 )
@@ -155,7 +164,9 @@ def test_chrome_codec_details() -> None:
     )
     summary = check_offer(offer("chrome_multi_codec"))
     assert summary.video is not None and summary.video.chosen is not None
-    assert summary.video.chosen.encoding == "vp8"  # the offer's first preference
+    assert summary.video.chosen.encoding == "h264"  # the server's first preference
+    vp8_first = check_offer(offer("chrome_multi_codec"), video_codecs=("vp8", "h264"))
+    assert vp8_first.video is not None and vp8_first.video.payload_types[:2] == (96, 103)
 
 
 def test_lf_line_endings_and_candidates_in_offer() -> None:
@@ -179,7 +190,8 @@ def test_lf_line_endings_and_candidates_in_offer() -> None:
 )
 def test_bad_offers(name: str, status: int, code: str, fragment: str) -> None:
     with pytest.raises(SdpError) as info:
-        check_offer(offer(name))
+        # bad_nothing_receivable also offers AV1, which a server taking H.264 only refuses
+        check_offer(offer(name), video_codecs=("h264", "vp8"))
     assert (info.value.http_status, info.value.code) == (status, code)
     assert fragment in info.value.message
 
@@ -309,8 +321,12 @@ def h264(params: str, pt: int = 102, clock: int = 90000) -> Codec:
         ("video", h264("packetization-mode=1;profile-level-id=640c1f"), True),
         ("video", h264("packetization-mode=1;profile-level-id=64001f"), True),
         ("video", h264("packetization-mode=1"), True),
-        ("video", h264("packetization-mode=1;profile-level-id=6e001f"), False),
-        ("video", h264("packetization-mode=1;profile-level-id=f4001f"), False),
+        ("video", h264("packetization-mode=1;profile-level-id=6e001f"), True),
+        ("video", h264("packetization-mode=1;profile-level-id=7a001f"), True),
+        ("video", h264("packetization-mode=1;profile-level-id=f4001f"), True),
+        ("video", h264("packetization-mode=1;profile-level-id=2c001f"), True),
+        ("video", h264("packetization-mode=1;profile-level-id=58001f"), False),
+        ("video", h264("packetization-mode=1;profile-level-id=80001f"), False),
         ("video", h264("packetization-mode=1;profile-level-id=42e0"), False),
         ("video", h264("packetization-mode=1;profile-level-id=zze01f"), False),
         ("video", h264("packetization-mode=0;profile-level-id=42e01f"), False),
@@ -320,8 +336,10 @@ def h264(params: str, pt: int = 102, clock: int = 90000) -> Codec:
         ("video", Codec(96, "VP8", 90000), True),
         ("video", Codec(96, "vp8", 48000), False),
         ("audio", Codec(96, "VP8", 90000), False),
-        ("video", Codec(98, "VP9", 90000), False),
-        ("video", Codec(45, "AV1", 90000), False),
+        ("video", Codec(98, "VP9", 90000), True),
+        ("video", Codec(45, "AV1", 90000), True),
+        ("video", Codec(49, "H265", 90000), True),
+        ("video", Codec(49, "H265", 48000), False),
         ("audio", Codec(111, "opus", 48000, 2), True),
         ("audio", Codec(111, "Opus", 48000, 2), True),
         ("audio", Codec(111, "opus", 48000), False),
@@ -343,7 +361,9 @@ def test_rtx_is_kept_only_for_kept_codecs() -> None:
         "a=rtpmap:100 rtx/90000\na=fmtp:100 apt=x\n"
     )
     summary = check_offer(minimal(section))
-    assert plans(summary) == [("video", "v", True, (96,), (97,))]
+    assert plans(summary) == [("video", "v", True, (98, 96), (99, 97))]
+    vp8_only = check_offer(minimal(section), video_codecs=("vp8",))
+    assert plans(vp8_only) == [("video", "v", True, (96,), (97,))]
 
 
 @pytest.mark.parametrize(
@@ -652,7 +672,7 @@ def test_mutated_offers_never_crash(body: bytes, data: st.DataObject) -> None:
 TOKEN = st.from_regex(r"[a-z][a-z0-9-]{0,8}", fullmatch=True)
 VALUE = st.from_regex(r"[A-Za-z0-9./-]{1,8}", fullmatch=True)
 NAMES = st.one_of(
-    st.sampled_from(["H264", "VP8", "VP9", "AV1", "opus", "OPUS", "rtx", "red", "PCMU"]),
+    st.sampled_from(["H264", "VP8", "VP9", "AV1", "H265", "opus", "OPUS", "rtx", "red", "PCMU"]),
     st.from_regex(r"[A-Za-z][A-Za-z0-9-]{0,8}", fullmatch=True),
 )
 H264_PARAMS = st.lists(
@@ -715,7 +735,10 @@ def test_valid_offers_round_trip_their_codecs(
     except (TooManyTracksError, NothingReceivableError):
         return
     for plan, (kind, direction, codecs) in zip(summary.sections, generated, strict=True):
-        expected = tuple(c.payload_type for c in codecs if receivable(kind, c))
+        kept = [c for c in codecs if receivable(kind, c)]
+        if kind == "video":  # the server's preference first, then the offer's order
+            kept.sort(key=lambda c: DEFAULT_VIDEO_CODECS.index(video_format(c) or ""))
+        expected = tuple(c.payload_type for c in kept)
         if direction == "recvonly":
             expected = ()
         assert plan.payload_types == expected

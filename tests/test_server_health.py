@@ -12,7 +12,8 @@ from whip.config import build_config
 
 
 async def test_healthz_readyz_and_json_404(tmp_path: Path) -> None:
-    config = build_config({"server": {"data_dir": str(tmp_path / "data")}}, {}, {})
+    document = {"server": {"data_dir": str(tmp_path / "data")}, "ice": {"tcp_port": 0}}
+    config = build_config(document, {}, {})
     server = TestServer(create_app(config), host="127.0.0.1")
     await server.start_server()
     try:

@@ -39,9 +39,11 @@ from whip.session_manager import SessionManager
 
 ROOT = Path(__file__).resolve().parent.parent
 
-LONG_PUSH_S = 65.0
 STOCK_CONSENT_EXPIRY_S = 33.0
-"""When stock aioice drops an FFmpeg publisher after connecting (INTEROP.md 2)."""
+"""When stock aioice drops an FFmpeg publisher after connecting (INTEROP.md 2): six failed
+consent checks 4-6 s apart, so 24-36 s."""
+LONG_PUSH_S = 50.0
+"""Past the latest stock expiry (36 s) with the probe at expiry + 10 s and room after it."""
 RECLAIM_AFTER_S = 3.0
 DETECTION_SLACK_S = 2.0
 CONNECT_WAIT_S = 30.0

@@ -47,7 +47,10 @@ def make_config(tmp_path: Path, **overrides: Any) -> Config:
     """A config for ``tmp_path``; ``section__key=value`` keyword overrides (the same
     builder the server uses; kept here so this file does not depend on another test
     module's helpers)."""
-    document: dict[str, Any] = {"server": {"data_dir": str(tmp_path / "data")}}
+    document: dict[str, Any] = {
+        "server": {"data_dir": str(tmp_path / "data")},
+        "ice": {"tcp_port": 0},  # a free port: the default, 8189, is one per machine
+    }
     for dotted, value in overrides.items():
         section, _, key = dotted.partition("__")
         document.setdefault(section, {})[key] = value
@@ -325,7 +328,13 @@ async def test_blocked_processor_drops_within_the_reservation_and_resumes_at_a_k
 async def test_raising_processor_faults_the_session_and_releases_the_permit(
     start_server: Callable[..., Any],
 ) -> None:
-    server = await start_server(pipeline__processors=["tests.support.media_processors:Raiser"])
+    # A socket per session: FFmpeg's WHIP muxer (8.x/9.x) ends its push only on the
+    # ICMP port unreachable of the closed socket. On the shared port the server sends
+    # that message itself, which needs a raw socket (tests/test_rtc_port_unreachable.py;
+    # docs/INTEROP.md, "The ICE sockets"); this test keeps the per-session path.
+    server = await start_server(
+        pipeline__processors=["tests.support.media_processors:Raiser"], ice__udp_mux=False
+    )
     manager: SessionManager = server.app[SESSIONS_KEY]
     timeline: Timeline = server.app[TIMELINE_KEY]
     finished = threading.Event()

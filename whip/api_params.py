@@ -24,8 +24,7 @@ from aiohttp import web
 from registry.events import is_valid_run_id
 from registry.runs import RunView
 from registry.timeline import MAX_CURSOR
-from whip.appkeys import AUTH_KEY
-from whip.auth import ForbiddenError, Principal, Role
+from whip.auth import ForbiddenError, Principal, require_caller
 from whip.errors import HttpError
 from whip.names import SESSION_ID_RULE, is_principal_name, is_session_id, is_stream_name
 
@@ -54,9 +53,10 @@ class InvalidListCursorError(HttpError):
     code = "invalid_cursor"
 
 
-def caller(request: web.Request) -> Principal:
-    """The authenticated principal (401 first, whatever else is wrong)."""
-    return request.app[AUTH_KEY].require(request.headers.get("Authorization"), Role.PUBLISHER)
+async def caller(request: web.Request) -> Principal:
+    """The authenticated principal (401 first, whatever else is wrong; 503 when the
+    auth hook or the JWT key set cannot answer): :func:`whip.auth.require_caller`."""
+    return await require_caller(request)
 
 
 def query(request: web.Request, name: str) -> str | None:
@@ -111,22 +111,31 @@ def run_id_param(request: web.Request) -> str:
     return run_id
 
 
+def opaque_cursor(position: str) -> str:
+    """A list's opaque ``next``: ``position`` (ASCII) in unpadded base64url."""
+    return base64.urlsafe_b64encode(position.encode("ascii")).decode("ascii").rstrip("=")
+
+
+def cursor_position(cursor: str, max_chars: int = 400) -> str:
+    """What :func:`opaque_cursor` wrapped; :class:`InvalidListCursorError` (400) for
+    anything it cannot have made (at most ``max_chars`` characters)."""
+    if len(cursor) > max_chars or not _CURSOR.fullmatch(cursor):
+        raise InvalidListCursorError("cursor is not one this server gave out")
+    try:
+        return base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4)).decode("ascii")
+    except (binascii.Error, ValueError) as exc:
+        raise InvalidListCursorError("cursor is not one this server gave out") from exc
+
+
 def encode_cursor(view: RunView) -> str:
     """The opaque ``next`` of a runs page ending at ``view``."""
-    raw = f"{view.created_ms}.{view.run_id}".encode()
-    return base64.urlsafe_b64encode(raw).decode("ascii").rstrip("=")
+    return opaque_cursor(f"{view.created_ms}.{view.run_id}")
 
 
 def decode_cursor(cursor: str) -> tuple[int, str]:
     """The sort key in ``cursor``; 400 for anything :func:`encode_cursor` cannot make."""
     bad = InvalidListCursorError("cursor is not one this server gave out")
-    if not _CURSOR.fullmatch(cursor):
-        raise bad
-    try:
-        raw = base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4)).decode("ascii")
-    except (binascii.Error, ValueError) as exc:
-        raise bad from exc
-    created, _, run_id = raw.partition(".")
+    created, _, run_id = cursor_position(cursor).partition(".")
     if not _UINT.fullmatch(created) or int(created) > MAX_CURSOR or not is_valid_run_id(run_id):
         raise bad
     return int(created), run_id

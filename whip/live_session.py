@@ -18,7 +18,9 @@ move and :meth:`LiveSession.advance` is the one function that applies one, or ra
 - CLOSED: the close finished (peer closed, workers joined or left detached,
   ``session_closed`` appended).
 
-All moves happen on the event loop thread. ``lifecycle`` records every state the session
+The session's ``etag`` names its current ICE session: it changes with every ICE restart
+(:mod:`whip.session_patch`, under ``patch_lock``). All moves happen on the event loop
+thread. ``lifecycle`` records every state the session
 went through, ``state_history`` every connection state of its peer (tests assert both
 whole).
 """
@@ -34,9 +36,12 @@ from typing import Any
 
 from pipeline.analysis import Analysis
 from pipeline.intake import FrameIntake
+from pipeline.recording.recorder import SessionRecorder
 from pipeline.supervisor import Supervisor
 from whip.admission import MediaPermit
+from whip.rtc.ice_restart import IceRestart
 from whip.rtc.liveness import Liveness
+from whip.rtc.peer_end import PeerEnd
 
 logger = logging.getLogger(__name__)
 
@@ -46,10 +51,15 @@ class CloseReason(StrEnum):
 
     DELETED = "deleted"
     STOPPED = "stopped"
+    PEER_CLOSED = "peer_closed"
+    """The peer ended cleanly: DTLS close_notify, or an RTCP BYE on every source."""
     PEER_GONE = "peer_gone"
+    """Silence, consent or ICE failure, or no connection within the deadline."""
     SUPERSEDED = "superseded"
     FAULT = "fault"
     SHUTDOWN = "shutdown"
+    FENCED = "fenced"
+    """Cluster mode: the node lost its lease, so it stops owning its sessions."""
 
 
 class SessionState(StrEnum):
@@ -87,9 +97,20 @@ class LiveSession:
     etag: str
     posted_at: float
     liveness: Liveness | None = None
+    peer_end: PeerEnd | None = None
+    answer_sdp: str = ""
+    """The answer the 201 carried (an ICE restart's answer repeats its candidates)."""
+    patch_lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+    """Serializes this session's PATCHes (:mod:`whip.session_patch`)."""
+    ice_generation: int = 0
+    """ICE restarts applied so far."""
+    ice_restart: IceRestart | None = None
+    """The newest ICE restart, running or settled."""
     intakes: list[FrameIntake] = field(default_factory=list)
     supervisor: Supervisor | None = None
     analysis: Analysis | None = None
+    recorder: SessionRecorder | None = None
+    """The session's recorder when its pushes are recorded (:mod:`whip.recordings`)."""
     reclaimer: asyncio.Task[None] | None = None
     created_at: float = field(default_factory=time.monotonic)
     state: SessionState = SessionState.ADMITTED

@@ -19,6 +19,16 @@ One definition of each figure:
   and Prometheus counters must not); null for a session whose peer gave none.
 - ``frames_*``, ``bytes_in``, queue figures: the track's intake and decode counters.
 - ``rtp_discarded``: the RTP guard's counters (:mod:`whip.rtc.rtp_guard`).
+- ``congestion``: the session's congestion control (:mod:`whip.rtc.congestion`).
+- ``rtp_payload_errors``: H.265/AV1/VP9 packets and frames their depacketizer refused,
+  codec -> reason -> count (:func:`whip.rtc.tap.payload_errors_of`); a refused packet is
+  also in ``rtp_discarded`` as ``malformed``, a refused frame in the track's
+  ``frames_lost``.
+- ``simulcast``: the RID demultiplexer's counters (:mod:`whip.rtc.simulcast`), and a
+  simulcast video track's ``layers``.
+- ``bitstream``: what the ingest linting read of the first video track
+  (:meth:`pipeline.stream_lint.StreamLint.fields`: the fields ``stats`` events carry) and
+  the warnings it raised so far, sorted; null for other tracks.
 
 Cancellation: ``getStats`` is a short local computation; a cancelled caller loses only
 its answer.
@@ -35,8 +45,11 @@ from typing import Any
 from pipeline.decoder import DecodeStats
 from pipeline.frame import Kind
 from pipeline.intake import FrameIntake
-from whip.live_session import LiveSession
+from whip.live_session import CloseReason, LiveSession
+from whip.rtc.congestion import congestion_figures
 from whip.rtc.rtp_guard import RtpGuard, discarded_by_reason
+from whip.rtc.simulcast import simulcast_counters, simulcast_figures
+from whip.rtc.tap import payload_errors_of
 
 logger = logging.getLogger(__name__)
 
@@ -68,6 +81,7 @@ class TrackFigures:
     frames_decoded: int = 0
     frames_dropped: int = 0
     frames_oversized: int = 0
+    frames_lost: int = 0
     decode_errors: int = 0
     bytes_in: int = 0
     queue_depth: int = 0
@@ -76,6 +90,12 @@ class TrackFigures:
     keyframe_requests: int = 0
     worker_alive: bool = False
     rtp: RtpReading | None = None
+    layer: str | None = None
+    """The RID of a further decoded simulcast layer's track (``pipeline.simulcast = all``)."""
+    layers: list[dict[str, object]] | None = None
+    """Simulcast layers (:meth:`whip.rtc.simulcast.SimulcastDemux.figures`), or None."""
+    bitstream: dict[str, object] | None = None
+    """The linting's reading of the first video track (module doc), or None."""
 
     def to_json(self) -> dict[str, Any]:
         """A track of ``GET /v1/sessions``."""
@@ -91,6 +111,7 @@ class TrackFigures:
             "frames_decoded": self.frames_decoded,
             "frames_dropped": self.frames_dropped,
             "frames_oversized": self.frames_oversized,
+            "frames_lost": self.frames_lost,
             "decode_errors": self.decode_errors,
             "queue_depth": self.queue_depth,
             "queue_max_depth": self.queue_max_depth,
@@ -100,6 +121,9 @@ class TrackFigures:
             "packets_received": rtp.packets_received if rtp is not None else None,
             "packets_lost": rtp.packets_lost if rtp is not None else None,
             "jitter_ms": rtp.jitter_ms if rtp is not None else None,
+            "layers": self.layers,
+            "layer": self.layer,
+            "bitstream": self.bitstream,
         }
 
 
@@ -118,8 +142,13 @@ class SessionFigures:
     tracks: tuple[TrackFigures, ...]
     workers_detached: int
     rtp_discarded: dict[str, int]
+    rtp_payload_errors: dict[str, dict[str, int]]
     has_rtp: bool
     """The peer gave receiver statistics (False once it is gone)."""
+    congestion: dict[str, Any] = field(default_factory=dict)
+    """:func:`whip.rtc.congestion.congestion_figures`."""
+    simulcast: dict[str, int] | None = None
+    """:func:`whip.rtc.simulcast.simulcast_counters` (None without simulcast)."""
 
     @property
     def frames_decoded(self) -> int:
@@ -186,6 +215,9 @@ class SessionFigures:
             "workers": self.workers,
             "workers_detached": self.workers_detached,
             "rtp_discarded": self.rtp_discarded,
+            "congestion": self.congestion,
+            "rtp_payload_errors": self.rtp_payload_errors,
+            "simulcast": self.simulcast,
             "tracks": [t.to_json() for t in tracks],
         }
 
@@ -203,6 +235,12 @@ class ClosedTotals:
     worker_faults: int = 0
     forced_shutdowns: int = 0
     rtp_discarded: dict[str, int] = field(default_factory=RtpGuard.no_counts)
+    rtp_payload_errors: dict[tuple[str, str], int] = field(default_factory=dict)
+    """(codec, reason) -> count."""
+    closed_by_reason: dict[str, int] = field(
+        default_factory=lambda: dict.fromkeys((r.value for r in CloseReason), 0)
+    )
+    """Closed sessions by ``session_closed`` reason (every reason listed, zeros too)."""
 
     def add_closed(self, media: SessionFigures, rtp: SessionFigures) -> None:
         """Fold a closed session in: ``media`` read after its workers stopped, ``rtp``
@@ -215,6 +253,10 @@ class ClosedTotals:
         self.rtp_packets_lost += rtp.packets_lost
         for why, count in media.rtp_discarded.items():
             self.rtp_discarded[why] = self.rtp_discarded.get(why, 0) + count
+        for codec, reasons in media.rtp_payload_errors.items():
+            for why, count in reasons.items():
+                key = (codec, why)
+                self.rtp_payload_errors[key] = self.rtp_payload_errors.get(key, 0) + count
 
 
 async def read_rtp(session: LiveSession) -> list[RtpReading]:
@@ -251,12 +293,15 @@ def _track(
 ) -> TrackFigures:
     fps: float | None = None
     bitrate: int | None = None
+    bitstream: dict[str, object] | None = None
     analysis = session.analysis
     if analysis is not None and first_of_kind and kind in ("video", "audio"):
         track_kind: Kind = "video" if kind == "video" else "audio"
         rate, bits, window = analysis.track_rates(track_kind)
         if window > 0:
             fps, bitrate = round(rate, 2), bits
+        if track_kind == "video":
+            bitstream = {**analysis.lint.fields(), "warnings": sorted(analysis.lint.warnings())}
     queue = intake.stats() if intake is not None else None
     return TrackFigures(
         kind=kind,
@@ -269,6 +314,7 @@ def _track(
         frames_decoded=decode.frames_decoded if decode is not None else 0,
         frames_dropped=queue.dropped_frames if queue is not None else 0,
         frames_oversized=queue.oversized_frames if queue is not None else 0,
+        frames_lost=queue.lost_frames if queue is not None else 0,
         decode_errors=decode.decode_errors if decode is not None else 0,
         bytes_in=queue.bytes_in if queue is not None else 0,
         queue_depth=queue.depth if queue is not None else 0,
@@ -276,6 +322,15 @@ def _track(
         queue_limit=intake.depth_limit if intake is not None else 0,
         keyframe_requests=queue.keyframe_requests if queue is not None else 0,
         worker_alive=alive,
+        bitstream=bitstream,
+        layer=intake.layer if intake is not None else None,
+        layers=(
+            simulcast_figures(t.receiver for t in session.pc.getTransceivers())
+            if kind == "video"
+            and session.pc is not None
+            and (intake is None or intake.layer is None)
+            else None
+        ),
     )
 
 
@@ -321,7 +376,10 @@ def figures_of(
         tracks=tuple(tracks),
         workers_detached=len(supervisor.detached) if supervisor is not None else 0,
         rtp_discarded=discarded_by_reason(t.receiver for t in session.pc.getTransceivers()),
+        rtp_payload_errors=payload_errors_of(t.receiver for t in session.pc.getTransceivers()),
         has_rtp=bool(rtp),
+        congestion=congestion_figures(t.receiver for t in session.pc.getTransceivers()),
+        simulcast=simulcast_counters(t.receiver for t in session.pc.getTransceivers()),
     )
 
 

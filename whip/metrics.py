@@ -12,6 +12,7 @@ sessions, so they disappear when the session closes (bounded cardinality).
 from __future__ import annotations
 
 from collections.abc import Iterator
+from typing import TYPE_CHECKING
 
 from aiohttp import web
 from prometheus_client import CollectorRegistry, generate_latest
@@ -26,10 +27,16 @@ from prometheus_client.registry import Collector
 from registry.histogram import Histogram
 from registry.timeline import Timeline
 from whip.admission import ADMISSION_OUTCOMES
-from whip.appkeys import LIMITER_KEY, METRICS_KEY, REGISTRY_KEY
+from whip.appkeys import ICE_SOCKETS_KEY, LIMITER_KEY, METRICS_KEY, REGISTRY_KEY
 from whip.live_stats import SessionFigures, read_figures
 from whip.ratelimit import RequestLimiter
+from whip.rtc.session_sockets import SessionSockets
+from whip.rtc.udp_mux import UdpMux
+from whip.rtc.udp_mux_routes import DropReason
 from whip.session_manager import SessionManager
+
+if TYPE_CHECKING:
+    from registry.pg.timeline import ClusterTimeline
 
 PREFIX = "whip_"
 
@@ -50,19 +57,122 @@ class ServerCollector(Collector):
     def __init__(
         self,
         manager: SessionManager,
-        timeline: Timeline,
+        timeline: Timeline | ClusterTimeline,
         limiter: RequestLimiter | None = None,
+        ice_sockets: UdpMux | SessionSockets | None = None,
     ) -> None:
         self.manager = manager
         self.timeline = timeline
         self.limiter = limiter
+        self.ice_sockets = ice_sockets
         self.live: list[SessionFigures] = []
 
     def collect(self) -> Iterator[Metric]:
         yield from self._gauges()
         yield from self._counters()
+        yield from self._ice_udp()
         yield from self._histograms()
         yield from self._per_session()
+        yield from self._ice_tcp()
+
+    def _ice_udp(self) -> Iterator[Metric]:
+        """The ICE sockets: the shared port's routing table (``ice.udp_mux``) or the
+        per-session sockets' tables, one set of figures either way."""
+        sockets = self.ice_sockets
+        if sockets is None:
+            return
+        if isinstance(sockets, UdpMux):
+            routes = sockets.routes.counters.as_dict()
+            learned, registered = sockets.routes.learned_addresses, sockets.registered_sessions
+        else:
+            routes = sockets.route_counters.as_dict()
+            learned, registered = sockets.addresses_learned, sockets.registered_sessions
+        yield GaugeMetricFamily(
+            PREFIX + "ice_udp_sessions_registered",
+            "sessions whose ICE credentials route datagrams",
+            value=registered,
+        )
+        yield GaugeMetricFamily(
+            PREFIX + "ice_udp_addresses_learned",
+            "remote addresses verified by a STUN check and routed by address",
+            value=learned,
+        )
+        routed = CounterMetricFamily(
+            PREFIX + "ice_udp_datagrams_routed",
+            "datagrams routed to a session: by a learned address, or after a verified check",
+            labels=["by"],
+        )
+        routed.add_metric(["learned"], routes["routed_by_address"])
+        routed.add_metric(["verified"], routes["routed_verified"])
+        yield routed
+        dropped = CounterMetricFamily(
+            PREFIX + "ice_udp_datagrams_dropped",
+            "datagrams from unverified addresses or failing verification, by reason",
+            labels=["reason"],
+        )
+        for reason in DropReason:
+            dropped.add_metric([reason.value], routes["dropped_" + reason.value])
+        yield dropped
+        addresses = CounterMetricFamily(
+            PREFIX + "ice_udp_address_changes",
+            "learned addresses: new, moved to another session, evicted by a cap",
+            labels=["change"],
+        )
+        for change, field in (
+            ("learned", "addresses_learned"),
+            ("rebound", "addresses_rebound"),
+            ("evicted_session_cap", "evicted_session_cap"),
+            ("evicted_table_cap", "evicted_table_cap"),
+        ):
+            addresses.add_metric([change], routes[field])
+        yield addresses
+        for name, doc, value in (
+            (
+                "ice_delivery_errors",
+                "routed datagrams aioice raised on (dropped)",
+                sockets.counters.delivery_errors,
+            ),
+            (
+                "ice_selected_pair_moves",
+                "selected ICE pairs moved to a publisher's new address (NAT rebinding)",
+                sockets.counters.selected_pair_moves,
+            ),
+            (
+                "ice_udp_ports_exhausted",
+                "sessions refused: no free port in ice.port_min..port_max",
+                sockets.counters.ports_exhausted,
+            ),
+        ):
+            yield CounterMetricFamily(PREFIX + name, doc, value=value)
+
+    def _cluster(self, timeline: ClusterTimeline) -> Iterator[Metric]:
+        """Cluster mode's figures: the store, the group commit, the lease."""
+        lease, committer = timeline.lease, timeline.committer
+        for name, doc, value in (
+            ("cluster_nodes_live", "nodes holding a lease (at the last renewal)", lease.live_nodes),
+            ("cluster_lease_held", "1 while this node holds its lease", int(lease.held)),
+            ("cluster_commit_queue_depth", "appends waiting for the store", committer.queue_depth),
+        ):
+            yield GaugeMetricFamily(PREFIX + name, doc, value=value)
+        for name, doc, value in (
+            ("cluster_lease_renewals", "lease renewals", lease.renewals),
+            ("cluster_lease_failures", "failed lease renewals", lease.renewal_failures),
+            ("cluster_fenced", "times this node fenced itself", lease.fenced_count),
+            (
+                "cluster_runs_reaped",
+                "run_interrupted this node wrote for dead nodes",
+                lease.reaped_runs,
+            ),
+            ("cluster_events_dropped", "analyzer events dropped (buffer full)", committer.dropped),
+        ):
+            yield CounterMetricFamily(PREFIX + name, doc, value=value)
+        for name, doc, histogram in (
+            ("cluster_store_round_trip_seconds", "one read from the store", timeline.round_trip),
+            ("cluster_commit_seconds", "one group commit's transaction", committer.commit_latency),
+            ("cluster_confirm_seconds", "append to committed", committer.confirm_latency),
+            ("cluster_batch_events", "events per group commit", committer.batch_sizes),
+        ):
+            yield _histogram(name, doc, histogram)
 
     def _gauges(self) -> Iterator[Metric]:
         manager, timeline = self.manager, self.timeline
@@ -70,11 +180,6 @@ class ServerCollector(Collector):
         for name, doc, value in (
             ("sessions_live", "live WHIP sessions", len(manager.table)),
             ("sessions_max", "session cap", manager.table.max_sessions),
-            (
-                "stream_slots_in_use",
-                "active runs plus reservations in flight",
-                timeline.runs.count_active_runs() + manager.slots.reserved(),
-            ),
             ("media_budget_bytes_reserved", "media budget bytes reserved", budget.bytes_reserved),
             ("media_budget_bytes_total", "media budget bytes", budget.bytes_total),
             ("media_budget_threads_reserved", "decode threads reserved", budget.threads_reserved),
@@ -85,9 +190,26 @@ class ServerCollector(Collector):
                 "threads kept by forced shutdowns",
                 budget.threads_kept,
             ),
+        ):
+            yield GaugeMetricFamily(PREFIX + name, doc, value=value)
+        if not isinstance(timeline, Timeline):
+            yield from self._cluster(timeline)
+            return
+        for name, doc, value in (
+            (
+                "stream_slots_in_use",
+                "active runs plus reservations in flight",
+                timeline.runs.count_active_runs() + manager.slots.reserved(),
+            ),
             ("wal_queue_depth", "events waiting for the WAL writer", timeline.wal.queue_depth),
             ("warm_runs", "runs with a warm tail", len(timeline.snapshot.tails)),
             ("wal_broken", "1 when the WAL refuses appends", int(timeline.wal.broken is not None)),
+            (
+                "recording_bytes",
+                "bytes of complete recording segments on disk",
+                manager.recordings.store.total_bytes,
+            ),
+            ("recordings_live", "sessions being recorded now", len(manager.recordings.recorders)),
         ):
             yield GaugeMetricFamily(PREFIX + name, doc, value=value)
 
@@ -99,18 +221,8 @@ class ServerCollector(Collector):
         for outcome in ADMISSION_OUTCOMES:
             admissions.add_metric([outcome], manager.admissions.get(outcome, 0))
         yield admissions
-        counts = dict(timeline.event_counts)
-        for name, etype in (
-            ("runs_created", "run_created"),
-            ("runs_deleted", "run_deleted"),
-            ("runs_interrupted", "run_interrupted"),
-        ):
-            yield CounterMetricFamily(
-                PREFIX + name, f"durable {etype} events", value=counts.get(etype, 0)
-            )
-        wal = timeline.wal.stats
-        yield CounterMetricFamily(PREFIX + "events_appended", "durable events", value=wal.appended)
-        yield CounterMetricFamily(PREFIX + "fsyncs", "WAL fdatasync calls", value=wal.fsyncs)
+        if isinstance(timeline, Timeline):
+            yield from self._wal_counters(timeline)
         live = self.live
         totals = manager.totals
         for name, doc, value in (
@@ -170,14 +282,102 @@ class ServerCollector(Collector):
         for reason, count in totals.rtp_discarded.items():
             discarded.add_metric([reason], count + sum(s.rtp_discarded[reason] for s in live))
         yield discarded
+        payload = CounterMetricFamily(
+            PREFIX + "rtp_payload_errors",
+            "H.265/AV1/VP9 packets and frames the depacketizer refused, by codec and reason",
+            labels=["codec", "reason"],
+        )
+        errors = dict(totals.rtp_payload_errors)
+        for s in live:
+            for codec, reasons in s.rtp_payload_errors.items():
+                for reason, count in reasons.items():
+                    errors[(codec, reason)] = errors.get((codec, reason), 0) + count
+        for (codec, reason), count in sorted(errors.items()):
+            payload.add_metric([codec, reason], count)
+        yield payload
+        closed = CounterMetricFamily(
+            PREFIX + "sessions_closed",
+            "closed sessions by session_closed reason",
+            labels=["reason"],
+        )
+        for reason, count in totals.closed_by_reason.items():
+            closed.add_metric([reason], count)
+        yield closed
+        restarts = CounterMetricFamily(
+            PREFIX + "ice_restarts", "settled ICE restarts by outcome", labels=["outcome"]
+        )
+        for outcome, count in manager.patches.restarts.items():
+            restarts.add_metric([outcome], count)
+        yield restarts
+
+    def _ice_tcp(self) -> Iterator[Metric]:
+        """The ICE-TCP port (-1 when off) and its counters (:mod:`whip.rtc.ice_tcp`)."""
+        listener = self.manager.ice_tcp
+        yield GaugeMetricFamily(
+            PREFIX + "ice_tcp_port",
+            "the ICE-TCP listening port (-1: off)",
+            value=listener.port if listener is not None else -1,
+        )
+        if listener is None:
+            return
+        counters = listener.counters
+        for name, doc, value in (
+            ("ice_tcp_connections_open", "ICE-TCP connections open", listener.open_connections),
+            ("ice_tcp_sessions_registered", "sessions registered for ICE-TCP", listener.registered),
+        ):
+            yield GaugeMetricFamily(PREFIX + name, doc, value=value)
+        for name, doc, value in (
+            ("ice_tcp_connections_accepted", "ICE-TCP connections accepted", counters.accepted),
+            ("ice_tcp_connections_bound", "ICE-TCP connections bound to a session", counters.bound),
+            ("ice_tcp_connections_closed", "ICE-TCP connections ended", counters.closed),
+            (
+                "ice_tcp_frames_received",
+                "RFC 4571 frames read on bound connections",
+                counters.frames_in,
+            ),
+            ("ice_tcp_frames_sent", "RFC 4571 frames written", counters.frames_out),
+            (
+                "ice_tcp_frames_dropped",
+                "frames dropped (full write buffer, empty)",
+                counters.frames_dropped,
+            ),
+        ):
+            yield CounterMetricFamily(PREFIX + name, doc, value=value)
+        refused = CounterMetricFamily(
+            PREFIX + "ice_tcp_connections_refused",
+            "ICE-TCP connections the server closed, by reason",
+            labels=["reason"],
+        )
+        for reason, count in counters.refused.items():
+            refused.add_metric([reason.value], count)
+        yield refused
+
+    def _wal_counters(self, timeline: Timeline) -> Iterator[Metric]:
+        counts = dict(timeline.event_counts)
+        for name, etype in (
+            ("runs_created", "run_created"),
+            ("runs_deleted", "run_deleted"),
+            ("runs_interrupted", "run_interrupted"),
+            ("recording_segments", "recording_segment"),
+            ("recording_failures", "recording_failed"),
+        ):
+            yield CounterMetricFamily(
+                PREFIX + name, f"durable {etype} events", value=counts.get(etype, 0)
+            )
+        wal = timeline.wal.stats
+        yield CounterMetricFamily(PREFIX + "events_appended", "durable events", value=wal.appended)
+        yield CounterMetricFamily(PREFIX + "fsyncs", "WAL fdatasync calls", value=wal.fsyncs)
 
     def _histograms(self) -> Iterator[Metric]:
-        yield _histogram(
-            "wal_confirm_seconds", "append to durable confirmation", self.timeline.confirm_latency
-        )
-        yield _histogram(
-            "wal_batch_events", "events per fsync (group commit)", self.timeline.batch_sizes
-        )
+        if isinstance(self.timeline, Timeline):
+            yield _histogram(
+                "wal_confirm_seconds",
+                "append to durable confirmation",
+                self.timeline.confirm_latency,
+            )
+            yield _histogram(
+                "wal_batch_events", "events per fsync (group commit)", self.timeline.batch_sizes
+            )
         yield _histogram("post_seconds", "WHIP POST to 201", self.manager.post_latency)
         yield _histogram(
             "first_frame_seconds",
@@ -228,10 +428,12 @@ class ServerCollector(Collector):
         yield discarded
 
 
-def install(app: web.Application, manager: SessionManager, timeline: Timeline) -> None:
+def install(
+    app: web.Application, manager: SessionManager, timeline: Timeline | ClusterTimeline
+) -> None:
     """Create this app's registry and collector (called at startup)."""
     registry = CollectorRegistry(auto_describe=False)
-    collector = ServerCollector(manager, timeline, app.get(LIMITER_KEY))
+    collector = ServerCollector(manager, timeline, app.get(LIMITER_KEY), app.get(ICE_SOCKETS_KEY))
     registry.register(collector)
     app[REGISTRY_KEY] = registry
     app[METRICS_KEY] = collector

@@ -154,8 +154,10 @@ def open_whip_output(
     preset: str = "veryfast",
     handshake_timeout_ms: int = 5000,
     bit_rate: int | None = None,
+    profile: str = "baseline",
 ) -> tuple[Any, Any, Any]:
-    """FFmpeg's WHIP muxer with an H.264 stream (baseline, no B-frames, 1 s GOP; at
+    """FFmpeg's WHIP muxer with an H.264 stream (libx264 ``profile``, baseline unless
+    given; no B-frames, which FFmpeg's WHIP muxer refuses; 1 s GOP; at
     ``bit_rate`` bits/s if given, else libx264's default) and, if ``audio``, an Opus
     stream: ``(container, video, audio_or_None)``. Nothing is sent until the first
     ``mux`` (which runs the POST, ICE and DTLS); a stream that cannot be set up closes
@@ -174,7 +176,7 @@ def open_whip_output(
         video.codec_context.options = {
             "preset": preset,
             "tune": "zerolatency",
-            "profile": "baseline",
+            "profile": profile,
         }
         video.codec_context.time_base = fractions.Fraction(1, fps)
         sound = (

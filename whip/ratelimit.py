@@ -13,7 +13,9 @@ Rules:
 - A rate of 0 turns that bucket kind off. The principal bucket applies only to requests
   whose token resolves to a principal: in anonymous mode every caller is ``anonymous``,
   so only the address bucket applies; a bad or missing token is charged to the address
-  only (and answered 401 by the handler).
+  only (and answered 401 by the handler). The address bucket is judged before the token
+  is resolved, so a refused address costs no JWT verification and no auth-hook call;
+  the resolution is the request's one (:func:`whip.auth.request_principal`).
 - Source address: ``request.remote``. ``X-Forwarded-For`` is used only when the peer is
   listed in ``limits.trusted_proxies`` (addresses or networks): then the client is the
   rightmost entry that is not itself a trusted proxy (the peer if none is usable).
@@ -51,7 +53,7 @@ from dataclasses import dataclass
 from aiohttp import web
 
 from whip.appkeys import LIMITER_KEY
-from whip.auth import Authenticator
+from whip.auth import Authenticator, request_principal
 from whip.config import LimitsConfig
 from whip.errors import HttpError
 
@@ -200,26 +202,43 @@ class RequestLimiter:
                 return str(address)
         return peer
 
-    def principal(self, request: web.Request) -> str | None:
-        """The principal a request's token names; None for anonymous mode or a bad token."""
+    async def principal(self, request: web.Request) -> str | None:
+        """The principal a request's token names; None for anonymous mode or a bad token
+        (or a hook that cannot answer: the handler answers that).
+
+        Cancellation: nothing to undo (:func:`whip.auth.request_principal`)."""
         if self.auth.anonymous:
             return None
         try:
-            return self.auth.authenticate(request.headers.get("Authorization")).name
+            return (await request_principal(request)).name
         except HttpError:
             return None
 
-    def check(self, request: web.Request) -> None:
-        """Take a token from each of the request's buckets, or raise 429."""
+    async def check(self, request: web.Request) -> None:
+        """Take a token from each of the request's buckets, or raise 429.
+
+        Cancellation: nothing was taken."""
         if self.by_address is None and self.by_principal is None:
             return
-        now = self._clock()
         charges: list[tuple[TokenBuckets, str]] = []
         if self.by_address is not None:
             charges.append((self.by_address, self.source(request)))
-        name = self.principal(request) if self.by_principal is not None else None
+            self._refuse_if_waiting(request, charges, None, self._clock())
+        name = await self.principal(request) if self.by_principal is not None else None
         if self.by_principal is not None and name is not None:
             charges.append((self.by_principal, name))
+        now = self._clock()
+        self._refuse_if_waiting(request, charges, name, now)
+        for buckets, key in charges:
+            buckets.take(key, now)
+
+    def _refuse_if_waiting(
+        self,
+        request: web.Request,
+        charges: list[tuple[TokenBuckets, str]],
+        name: str | None,
+        now: float,
+    ) -> None:
         wait = max((buckets.wait(key, now) for buckets, key in charges), default=0.0)
         if wait > 0:
             self.refused += 1
@@ -235,8 +254,6 @@ class RequestLimiter:
             raise RateLimitedError(
                 f"too many requests; retry in {retry} s", headers={"Retry-After": str(retry)}
             )
-        for buckets, key in charges:
-            buckets.take(key, now)
 
 
 PREBUFFER_MAX_BYTES = 64 * 1024
@@ -294,7 +311,7 @@ def guarded(handler: Handler) -> Handler:
     @functools.wraps(handler)
     async def wrapper(request: web.Request) -> web.StreamResponse:
         limiter = request.app[LIMITER_KEY]
-        limiter.check(request)
+        await limiter.check(request)
         try:
             timer = await _await_body(request, limiter.limits.body_timeout_s)
         except BodyTimeoutError:

@@ -8,10 +8,13 @@ Started by the session transaction right after the session is inserted, with no
 - while connected, every :data:`ACTIVITY_TOUCH_S` records the run's activity when media
   or a consent answer arrived within that interval (a run with media flowing never reads
   as expired);
-- returns when the peer is ``failed``, ``closed`` or ``disconnected``, or when it has not
-  connected within ``limits.connect_timeout_s``; whatever ends the watch (an unexpected
-  error included), the session is handed to ``on_gone`` (the manager closes it as
-  ``peer_gone`` unless another caller already won it).
+- returns when the peer is ``failed``, ``closed`` or ``disconnected``, when it ended
+  cleanly (:mod:`whip.rtc.peer_end`: a DTLS close_notify, or an RTCP BYE on every
+  source, which need not close aiortc's peer connection), or when it has not connected
+  within ``limits.connect_timeout_s``; whatever ends the watch (an unexpected error
+  included), the session is handed to ``on_gone`` (the manager closes it as
+  ``peer_closed`` after a clean end, else ``peer_gone``, unless another caller already
+  won it).
 
 No lost wakeup: the change flag is cleared *before* the state is read, so a change during
 any await sets it again. Cancellation: only the manager's close cancels it, after winning
@@ -42,8 +45,11 @@ class Reclaimer:
         connect_timeout_s: float,
         on_connected: Callable[[LiveSession], Awaitable[None]],
         on_gone: Callable[[LiveSession], None],
-        touch_run: Callable[[str], None],
+        touch_run: Callable[[str], None] | None,
     ) -> None:
+        """``touch_run``: moves a run's in-memory last activity (the embedded registry's
+        expiry); None in cluster mode, where a run's last activity is its last durable
+        event."""
         self.connect_timeout_s = connect_timeout_s
         self._on_connected = on_connected
         self._on_gone = on_gone
@@ -64,12 +70,16 @@ class Reclaimer:
             changed.set()
 
         pc.on("connectionstatechange", on_change)
+        if session.peer_end is not None:
+            session.peer_end.on_end(changed.set)
         deadline = time.monotonic() + self.connect_timeout_s
         try:
             while True:
                 changed.clear()
                 state = pc.connectionState
                 if state in ("failed", "closed", "disconnected"):
+                    return
+                if session.peer_end is not None and session.peer_end.reason is not None:
                     return
                 if state == "connected" and session.state is SessionState.ADMITTED:
                     session.advance(SessionState.CONNECTED)
@@ -102,5 +112,7 @@ class Reclaimer:
     def _touch_if_alive(self, session: LiveSession) -> None:
         """Media flowing is proof of life: keep the run from reading as expired."""
         liveness = session.liveness
-        if liveness is not None and time.monotonic() - liveness.last_life() < ACTIVITY_TOUCH_S:
+        if self._touch_run is None or liveness is None:
+            return
+        if time.monotonic() - liveness.last_life() < ACTIVITY_TOUCH_S:
             self._touch_run(session.run_id)

@@ -27,6 +27,8 @@ Routes (answers are JSON; errors are ``{"error": {"code", "message"}}`` from
 - ``DELETE /v1/runs/{id}``: soft delete, single winner; 200 ``{"event", "repeat"}``. A
   repeat gets the synthesized event (same seq, data ``already_deleted: true``, nothing
   appended); a run id never seen is 404 (:mod:`whip.run_control`).
+- ``GET /v1/runs/{id}/recordings``, ``GET /v1/runs/{id}/recordings/{name}`` (Range),
+  ``DELETE /v1/runs/{id}/recordings`` (operators): :mod:`whip.routes_recordings`.
 - ``GET /v1/sessions``, ``GET /v1/sessions/{id}``: live sessions with their figures
   (:mod:`whip.routes_sessions`, :mod:`whip.live_stats`).
 
@@ -57,6 +59,7 @@ import importlib.resources
 from aiohttp import web
 
 from whip.appkeys import CLOSING_KEY, OPENAPI_KEY
+from whip.routes_recordings import add_recording_routes
 from whip.routes_runs import delete_run, get_run, list_runs, run_events, stop_run, thumbnail
 from whip.routes_sessions import get_session, list_sessions
 
@@ -88,5 +91,6 @@ def add_api_routes(app: web.Application) -> None:
     router.add_get("/v1/runs/{run_id}/events", run_events, allow_head=False)
     router.add_post("/v1/runs/{run_id}/stop", stop_run)
     router.add_get("/v1/runs/{run_id}/thumbnail.jpg", thumbnail, allow_head=False)
+    add_recording_routes(app)
     router.add_get("/v1/sessions", list_sessions, allow_head=False)
     router.add_get("/v1/sessions/{session_id}", get_session, allow_head=False)

@@ -19,7 +19,7 @@ from whip.live_stats import read_figures
 
 async def list_sessions(request: web.Request) -> web.Response:
     """``GET /v1/sessions``: live sessions, oldest first, with their figures."""
-    who = caller(request)
+    who = await caller(request)
     principal = principal_filter(request, who)
     stream = stream_filter(request)
     sessions = [
@@ -35,7 +35,7 @@ async def list_sessions(request: web.Request) -> web.Response:
 
 async def get_session(request: web.Request) -> web.Response:
     """``GET /v1/sessions/{id}``: one live session; 404 once it is gone (or not yours)."""
-    who = caller(request)
+    who = await caller(request)
     session_id = session_id_param(request)
     session = request.app[SESSIONS_KEY].table.get(session_id)
     if session is None or not (who.is_operator or session.principal == who.name):

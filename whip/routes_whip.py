@@ -8,7 +8,14 @@
   or on sections the plan rejects) is 422 ``unprocessable_offer``, not a 500.
 - ``DELETE /whip/sessions/{id}``: closes the session (reason ``deleted``); a repeat is
   200 from the reclaimed-session tombstone; an id never seen is 404.
-- ``PATCH /whip/sessions/{id}``: trickle ICE (204); an ICE restart gets 422.
+- ``PATCH /whip/sessions/{id}``: trickle ICE (204, no ETag) or, with ``If-Match: "*"``,
+  an ICE restart (200, the server's new credentials and candidates, a new ``ETag``);
+  the rules (428 without a precondition, 412 on a stale tag, serialized per session) are
+  :mod:`whip.trickle`'s and :mod:`whip.session_patch`'s.
+- Cluster mode: ``Location`` and the run ``Link`` name this node's ``advertise_url``; a
+  session DELETE or PATCH for a session another node holds is carried to it and answered
+  as it answers (:mod:`whip.cluster_node`); the owner serves it on
+  ``/internal/v1/sessions/{id}``, only for a request signed with ``cluster.secret``.
 - ``GET``/``HEAD``/``PUT`` on the endpoint, and ``GET``/``HEAD``/``POST``/``PUT`` on the
   session URL, are 405: RFC 9725 reserves them.
 """
@@ -23,9 +30,9 @@ from aiortc import sdp as aiortc_sdp
 
 from registry.errors import RegistryError
 from whip.admission import admission_outcome
-from whip.appkeys import AUTH_KEY, SESSIONS_KEY
-from whip.auth import Principal, Role
-from whip.cors import add_cors
+from whip.appkeys import CLUSTER_KEY, SESSIONS_KEY
+from whip.auth import Principal, require_caller
+from whip.cors import ALLOW_HEADERS, add_cors
 from whip.errors import HttpError, NotFoundError
 from whip.live_session import CloseReason
 from whip.middleware import json_error_prepare
@@ -44,10 +51,6 @@ logger = logging.getLogger(__name__)
 
 
 _cors = add_cors
-
-
-def _principal(request: web.Request) -> Principal:
-    return request.app[AUTH_KEY].require(request.headers.get("Authorization"), Role.PUBLISHER)
 
 
 async def _read_body(request: web.Request, limit: int, too_large: HttpError) -> bytes:
@@ -105,7 +108,7 @@ async def post_whip(request: web.Request) -> web.StreamResponse:
 async def _post_whip(request: web.Request) -> web.StreamResponse:
     """Checks first (no resource taken), then the session transaction."""
     posted_at = time.monotonic()
-    principal = _principal(request)
+    principal = await require_caller(request)
     stream = request.match_info.get("stream", "")
     if stream and (not is_stream_name(stream) or stream == "sessions"):
         raise HttpError(f"stream names are {STREAM_RULE}", code="bad_stream")
@@ -115,7 +118,7 @@ async def _post_whip(request: web.Request) -> web.StreamResponse:
     too_large = SdpTooLargeError(f"SDP is {request.content_length} bytes, the limit is {limit}")
     body = await _read_body(request, limit, too_large)
     await manager.check_turns.turn()  # no await between the turn and the check
-    summary = check_offer(body, max_bytes=limit)
+    summary = check_offer(body, max_bytes=limit, video_codecs=manager.config.pipeline.video_codecs)
     offer = body.decode("utf-8")
     _check_aiortc_parses(offer)
     admitted = await manager.admit(principal.name, stream, offer, summary, posted_at)
@@ -127,7 +130,9 @@ async def _post_whip(request: web.Request) -> web.StreamResponse:
         session.run_id,
         (time.monotonic() - posted_at) * 1000,
     )
-    location = f"/whip/sessions/{session.session_id}"
+    cluster = request.app.get(CLUSTER_KEY)
+    base = cluster.config.advertise_url if cluster is not None else ""
+    location = f"{base}/whip/sessions/{session.session_id}"
     response = web.Response(
         status=201,
         body=admitted.answer_sdp.encode(),
@@ -136,7 +141,8 @@ async def _post_whip(request: web.Request) -> web.StreamResponse:
             "Location": location,
             "ETag": session.etag,
             "X-Run-Id": session.run_id,
-            "Link": f'</v1/runs/{session.run_id}>; rel="related"',
+            "Link": f'<{base}/v1/runs/{session.run_id}>; rel="related"',
+            "Accept-Patch": TRICKLE_CONTENT_TYPE,
         },
     )
     for server in manager.config.server.ice_servers:
@@ -144,10 +150,28 @@ async def _post_whip(request: web.Request) -> web.StreamResponse:
     return _cors(request, response)
 
 
+async def _carry(
+    request: web.Request, principal: Principal, body: bytes
+) -> web.StreamResponse | None:
+    """Cluster mode: the owner node's answer to a session request not for this node."""
+    cluster = request.app.get(CLUSTER_KEY)
+    if cluster is None or request.path.startswith("/internal/"):
+        return None
+    from whip.cluster_node import carry_session_request
+
+    config = request.app[SESSIONS_KEY].config
+    answer = await carry_session_request(request, cluster, config.cluster.secret, principal, body)
+    return None if answer is None else _cors(request, answer)
+
+
 @guarded
 async def delete_session(request: web.Request) -> web.StreamResponse:
     """Close a session; idempotent through the tombstone."""
-    principal = _principal(request)
+    return await serve_delete(request, await require_caller(request))
+
+
+async def serve_delete(request: web.Request, principal: Principal) -> web.StreamResponse:
+    """The DELETE of a session for ``principal`` (public or carried route)."""
     session_id = request.match_info["session_id"]
     manager = request.app[SESSIONS_KEY]
     session = manager.table.get(session_id) if is_session_id(session_id) else None
@@ -157,20 +181,30 @@ async def delete_session(request: web.Request) -> web.StreamResponse:
     stone = manager.table.tombstone(session_id)
     if stone is not None:
         return _cors(request, web.Response(status=200))
+    if is_session_id(session_id) and (carried := await _carry(request, principal, b"")):
+        return carried
     raise NotFoundError("session")
 
 
 @guarded
 async def patch_session(request: web.Request) -> web.StreamResponse:
-    """Trickle ICE (204); an ICE restart is refused (422).
+    """Trickle ICE (204) or ICE restart (200 with a fragment and a new ``ETag``).
 
-    ``If-Match`` is checked when present (412 on a stale entity tag, ``*`` matches);
-    clients that omit it are served, since several encoders do not send it.
+    ``If-Match`` (or Eyevinn's ``ETag`` request header) is judged inside the session's
+    PATCH lock (:mod:`whip.session_patch`); the body is read and parsed before.
     """
-    principal = _principal(request)
+    return await serve_patch(request, await require_caller(request))
+
+
+async def serve_patch(request: web.Request, principal: Principal) -> web.StreamResponse:
+    """The PATCH of a session for ``principal`` (public or carried route)."""
     session_id = request.match_info["session_id"]
     manager = request.app[SESSIONS_KEY]
     session = manager.table.get(session_id) if is_session_id(session_id) else None
+    if session is None and is_session_id(session_id) and CLUSTER_KEY in request.app:
+        body = await _read_body(request, MAX_FRAGMENT_BYTES, FragmentTooLargeError())
+        if carried := await _carry(request, principal, body):
+            return carried
     if session is None or not (principal.is_operator or session.principal == principal.name):
         raise NotFoundError("session")
     content_type = request.headers.get("Content-Type", "").split(";")[0].strip().lower()
@@ -178,21 +212,30 @@ async def patch_session(request: web.Request) -> web.StreamResponse:
         raise HttpError(
             f"PATCH takes {TRICKLE_CONTENT_TYPE}", http_status=415, code="unsupported_media_type"
         )
-    if_match = request.headers.get("If-Match")
-    if if_match is not None and if_match.strip() not in ("*", session.etag):
-        raise HttpError("stale entity tag", http_status=412, code="precondition_failed")
     body = await _read_body(request, MAX_FRAGMENT_BYTES, FragmentTooLargeError())
     fragment = parse_fragment(body)
-    await manager.trickle(session, fragment)
-    return _cors(request, web.Response(status=204, headers={"ETag": session.etag}))
+    answer = await manager.patches.patch(
+        session, fragment, request.headers.get("If-Match"), request.headers.get("ETag")
+    )
+    if answer.status == 204:
+        return _cors(request, web.Response(status=204))
+    response = web.Response(
+        status=answer.status,
+        body=answer.body.encode(),
+        content_type=answer.content_type,
+        headers={"ETag": answer.etag or ""},
+    )
+    return _cors(request, response)
 
 
 async def options_whip(request: web.Request) -> web.StreamResponse:
     """CORS preflight and ``Accept-Post``."""
     response = web.Response(status=204)
     response.headers["Accept-Post"] = "application/sdp"
+    if "session_id" in request.match_info:
+        response.headers["Accept-Patch"] = TRICKLE_CONTENT_TYPE
     response.headers["Access-Control-Allow-Methods"] = "OPTIONS, POST, DELETE, PATCH"
-    response.headers["Access-Control-Allow-Headers"] = "Authorization, Content-Type, If-Match"
+    response.headers["Access-Control-Allow-Headers"] = ALLOW_HEADERS
     response.headers["Access-Control-Max-Age"] = "600"
     return _cors(request, response)
 

@@ -23,6 +23,11 @@ deletion protocol; a repeat gets the synthesized event), then the live session i
 with reason ``stopped``, detached like a stop. A run id never seen (or no longer
 retained) is 404 and nothing is appended: existence is checked first, because the
 registry's delete appends ``run_deleted`` for unknown ids.
+
+Cluster mode: the run's live session may be on another node. When it is not in this
+node's table, the owner is told through the store (:meth:`ClusterTimeline.request_close`,
+a NOTIFY the owner acts on), after the durable event; the owner closes it with reason
+``stopped`` as if the call had reached it.
 """
 
 from __future__ import annotations
@@ -31,6 +36,7 @@ import asyncio
 import logging
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from registry.deletion import DeleteResult
 from registry.events import EventType, NewEvent
@@ -40,6 +46,9 @@ from whip.auth import Principal
 from whip.detached import DetachedTasks
 from whip.errors import HttpError, NotFoundError
 from whip.live_session import CloseReason, LiveSession
+
+if TYPE_CHECKING:
+    from registry.pg.timeline import ClusterTimeline
 
 logger = logging.getLogger(__name__)
 
@@ -68,7 +77,7 @@ class RunControl:
 
     def __init__(
         self,
-        timeline: Timeline,
+        timeline: Timeline | ClusterTimeline,
         detached: DetachedTasks,
         find_session: Callable[[str], LiveSession | None],
         close: Callable[[LiveSession, CloseReason], Awaitable[bool]],
@@ -79,9 +88,9 @@ class RunControl:
         self._close = close
         self._stops: dict[str, asyncio.Task[int]] = {}
 
-    def visible(self, run_id: str, caller: Principal) -> RunView:
+    async def visible(self, run_id: str, caller: Principal) -> RunView:
         """The run, if it exists and ``caller`` may see it; else 404 (module doc)."""
-        view = self.timeline.runs.get(run_id)
+        view = await self.timeline.get_run(run_id)
         if view is None or not (caller.is_operator or view.principal == caller.name):
             raise NotFoundError("run")
         return view
@@ -91,7 +100,7 @@ class RunControl:
 
         Cancellation: the stop transaction runs on (it is detached); only the answer is
         lost."""
-        view = self.visible(run_id, caller)
+        view = await self.visible(run_id, caller)
         task = self._stops.get(run_id)
         repeat = task is not None
         seq: int | None = None
@@ -106,7 +115,7 @@ class RunControl:
             task.add_done_callback(self._forget_stop(run_id))
         if task is not None:
             seq = await asyncio.shield(task)
-        after = self.timeline.runs.get(run_id) or view
+        after = await self.timeline.get_run(run_id) or view
         logger.info(
             "run %s: stop by %s (repeat %s) -> %s", run_id, caller.name, repeat, after.state
         )
@@ -122,10 +131,18 @@ class RunControl:
 
     async def _stop(self, run_id: str, by: str) -> int:
         seq = await self.timeline.append(NewEvent(run_id, EventType.STOP_REQUESTED, by, {"by": by}))
+        await self._close_live(run_id, "stop")
+        return seq
+
+    async def _close_live(self, run_id: str, action: str) -> None:
+        """Close the run's live session: here if it is here, else on its owner node."""
         session = self._find_session(run_id)
         if session is not None:
             await self._close(session, CloseReason.STOPPED)
-        return seq
+        elif not isinstance(self.timeline, Timeline):
+            owner = await self.timeline.request_close(run_id, action)
+            if owner is not None:
+                logger.info("run %s: %s carried to its owner node %s", run_id, action, owner)
 
     def _forget_stop(self, run_id: str) -> Callable[[asyncio.Task[int]], None]:
         def done(task: asyncio.Task[int]) -> None:
@@ -151,7 +168,7 @@ class RunControl:
 
     async def delete(self, run_id: str, caller: Principal) -> DeleteResult:
         """Delete ``run_id`` (module doc). Cancellation: as :meth:`stop`."""
-        self.visible(run_id, caller)
+        await self.visible(run_id, caller)
         return await self.request_delete(run_id, caller.name)
 
     async def request_delete(self, run_id: str, by: str) -> DeleteResult:
@@ -163,7 +180,10 @@ class RunControl:
 
     async def _delete(self, run_id: str, by: str) -> DeleteResult:
         result = await self.timeline.delete_run(run_id, by, {"by": by})
-        session = self._find_session(run_id)
-        if session is not None:
-            await self._close(session, CloseReason.STOPPED)
+        if not result.synthesized:
+            await self._close_live(run_id, "delete")
+        else:
+            session = self._find_session(run_id)
+            if session is not None:
+                await self._close(session, CloseReason.STOPPED)
         return result

@@ -4,7 +4,8 @@ Session transaction (ARCHITECTURE.md "Flow of one push", step 2), in this order;
 failure path releases exactly what was taken, in reverse:
 
 1. reserve a stream slot for the principal           -> refusal 409
-2. reserve the media budget (bytes + threads)        -> refusal 503 + Retry-After
+2. reserve the media budget (bytes + threads: :func:`media_need`, a track per decoded
+   simulcast layer)                                   -> refusal 503 + Retry-After
    negotiate (:mod:`whip.negotiation`: peer connection, remote offer, taps, answer),
    behind the negotiation gate
 3. append ``run_created`` durably                    -> failure 500
@@ -26,12 +27,20 @@ cancels only its wait, never a half-done step. What the transaction built is the
 answered or, if nobody connects, reclaimed by the reclaimer's connect deadline.
 
 Closing: :meth:`SessionManager.close` is the one way a session ends. The caller that
-wins ``remove_if_owned`` moves the session to CLOSING, closes the peer, stops the
-workers (a clean end first drains what already arrived), writes the closing analyzer
-events, ``session_closed`` (durable) and releases the permit (or keeps it after a forced
-shutdown, ARCHITECTURE.md step 4); every other caller gets ``False``. It runs detached too,
-so a DELETE whose client disconnects still finishes. Stop and delete of a run are
+wins ``remove_if_owned`` moves the session to CLOSING, tells a publisher whose session
+the server ends (:data:`SIGNALLED_REASONS`) that its UDP port is gone when the port is
+shared (:meth:`whip.rtc.udp_mux.UdpMux.publisher_closing`), closes the peer, stops the
+workers (a clean end first drains what already arrived), stops the recorder (its last
+segment closes: :mod:`whip.recordings`), writes the closing analyzer events,
+``session_closed`` (durable) and releases the permit (or keeps it after a forced
+shutdown, ARCHITECTURE.md step 4); every other caller gets ``False``. It runs detached
+too, so a DELETE whose client disconnects still finishes. Stop and delete of a run are
 :mod:`whip.run_control`'s.
+
+Cluster mode (``timeline`` a :class:`registry.pg.timeline.ClusterTimeline`): step 1
+reserves in the store (:class:`whip.cluster_node.ClusterSlots`, exact across nodes; 503
+while the store is out of reach or the node is fenced); the rest is unchanged: the
+session lives here, its events go to the store.
 
 Seams (:class:`SessionSeams`): the negotiator (and through it the peer-connection
 factory) and the id factory are injected, never patched.
@@ -41,22 +50,19 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import secrets
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-from aiortc.sdp import candidate_from_sdp
+from aioice.ice import Connection
 
-from pipeline.analysis import Analysis, AnalysisSettings, Emit
-from pipeline.processor import load_processor
-from pipeline.supervisor import Supervisor
-from registry.errors import RegistryError
 from registry.events import EventType, NewEvent
 from registry.histogram import LATENCY_S, Histogram
 from registry.timeline import Timeline
-from whip.admission import ADMISSION_OUTCOMES, MediaBudget, StreamSlots
+from whip.admission import ADMISSION_OUTCOMES, MediaBudget, StreamSlot, StreamSlots
 from whip.config import Config
+from whip.config.schema import PipelineConfig
 from whip.detached import DetachedTasks
 from whip.errors import HttpError
 from whip.ids import IdFactory, new_id
@@ -65,13 +71,35 @@ from whip.live_stats import ClosedTotals, read_figures
 from whip.loop_fairness import LeaseGate, TurnGate
 from whip.negotiation import Negotiated, Negotiator
 from whip.reclaimer import Reclaimer
+from whip.recordings import Recordings
+from whip.rtc.ice_sockets import IceSocketProvider, ice_connections, refresh_ice_credentials
+from whip.rtc.ice_tcp import IceTcpListener
 from whip.rtc.peer import close_quietly
 from whip.run_control import RunControl
 from whip.sdp import OfferSummary
+from whip.sdp.simulcast import decoded_layers, offered_simulcast, simulcast_mode
+from whip.session_patch import SessionPatches
+from whip.session_pipeline import start_pipeline
 from whip.session_table import SessionIdCollisionError, SessionTable
-from whip.trickle import FragmentError, TrickleFragment, check_not_restart, remote_ufrag
+from whip.trickle import new_etag
+
+if TYPE_CHECKING:
+    from registry.pg.timeline import ClusterTimeline
+    from whip.cluster_node import ClusterSlot, ClusterSlots
 
 logger = logging.getLogger(__name__)
+
+SIGNALLED_REASONS = frozenset(
+    {
+        CloseReason.STOPPED,
+        CloseReason.SUPERSEDED,
+        CloseReason.FAULT,
+        CloseReason.SHUTDOWN,
+        CloseReason.PEER_GONE,
+    }
+)
+"""Closes the server decides while the publisher may still be sending: its UDP port is
+reported gone first (module doc). Not the publisher's own DELETE nor its clean end."""
 
 TOMBSTONE_RETRIES = 3
 NEGOTIATION_LEASE_S = 0.25
@@ -114,33 +142,80 @@ class Admitted:
     answer_sdp: str
 
 
+def media_need(offer_sdp: str, summary: OfferSummary, pipeline: PipelineConfig) -> tuple[int, int]:
+    """(tracks, decode threads) the media budget reserves for one offer: a track per
+    accepted section, plus, when ``pipeline.simulcast`` decodes several layers of a
+    section, one per further layer; ``workers_per_session`` threads, or a thread per
+    track when the layers need more (each intake has its worker)."""
+    tracks = len(summary.accepted)
+    offers = offered_simulcast(offer_sdp)
+    for plan in summary.accepted:
+        offer = offers.get(plan.index)
+        if offer is not None and plan.kind == "video":
+            codec = plan.chosen.encoding if plan.chosen is not None else None
+            tracks += decoded_layers(offer, simulcast_mode(pipeline.simulcast, codec)) - 1
+    threads = pipeline.workers_per_session
+    if tracks > len(summary.accepted):
+        threads = max(threads, tracks)
+    return tracks, threads
+
+
 class SessionManager:
     """Owns the session table and every session's lifecycle (module doc)."""
 
     def __init__(
-        self, config: Config, timeline: Timeline, seams: SessionSeams | None = None
+        self,
+        config: Config,
+        timeline: Timeline | ClusterTimeline,
+        seams: SessionSeams | None = None,
+        *,
+        ice_sockets: IceSocketProvider | None = None,
+        ice_tcp: IceTcpListener | None = None,
     ) -> None:
+        """``ice_sockets``: where the negotiated connections gather (the app's shared
+        port or per-session sockets); ``None``: aioice's own sockets."""
         seams = seams or SessionSeams()
         self.config = config
         self.timeline = timeline
         limits = config.limits
         self.negotiator = seams.negotiator(config)
+        self.negotiator.ice_sockets = ice_sockets
+        self.ice_tcp = ice_tcp
+        """The ICE-TCP port (``None``: off), given to the negotiator."""
+        self.negotiator.ice_tcp = ice_tcp
         self._new_id = seams.new_id
-        self.slots = StreamSlots(limits.stream_limit, timeline.runs.count_active_runs_for_principal)
+        self.detached = DetachedTasks()
+        self.slots: StreamSlots | ClusterSlots
+        if isinstance(timeline, Timeline):
+            self.slots = StreamSlots(
+                limits.stream_limit, timeline.runs.count_active_runs_for_principal
+            )
+        else:
+            from whip.cluster_node import ClusterSlots
+
+            self.slots = ClusterSlots(timeline, limits.stream_limit, self.detached)
         self.budget = MediaBudget(limits.media_budget_bytes, limits.media_budget_threads)
         self.table: SessionTable[LiveSession] = SessionTable(
             limits.max_sessions,
             tombstone_ttl_s=limits.tombstone_ttl_s,
             tombstone_cap=limits.tombstone_capacity,
         )
-        self.detached = DetachedTasks()
         self.reclaimer = Reclaimer(
             connect_timeout_s=limits.connect_timeout_s,
             on_connected=self._connected,
             on_gone=self._gone,
-            touch_run=timeline.runs.touch,
+            touch_run=timeline.runs.touch if isinstance(timeline, Timeline) else None,
         )
         self.runs = RunControl(timeline, self.detached, self.find_by_run, self.close)
+        self.recordings = Recordings(config, timeline if isinstance(timeline, Timeline) else None)
+        """Recorders of recorded sessions and the recordings store (:mod:`whip.recordings`)."""
+        self.patches = SessionPatches(
+            append=self._append_quietly,
+            detached=self.detached,
+            restart_timeout_s=limits.reclaim_after_s,
+            credentials_changed=self._ice_credentials_changed,
+        )
+        """Trickle ICE and ICE restart PATCHes (:mod:`whip.session_patch`)."""
         """Stop and delete of runs (:mod:`whip.run_control`)."""
         self.check_turns = TurnGate(limits.sdp_checks_per_turn)
         """Turns for the SDP checks of ``POST /whip`` (:mod:`whip.loop_fairness`)."""
@@ -175,11 +250,17 @@ class SessionManager:
     ) -> Admitted:
         self._refuse_if_shutting_down()
         await self._supersede(principal, stream)
-        slot = self.slots.reserve(principal)
+        slot: StreamSlot | ClusterSlot = (
+            self.slots.reserve(principal)
+            if isinstance(self.slots, StreamSlots)
+            else await self.slots.reserve(principal)
+        )
         try:
             pipeline = self.config.pipeline
+            tracks, threads = media_need(offer_sdp, summary, pipeline)
+            record_bytes, record_threads = self.recordings.permit_need(principal)
             permit = self.budget.reserve(
-                pipeline.media_bytes(len(summary.accepted)), pipeline.workers_per_session
+                pipeline.media_bytes(tracks) + record_bytes, threads + record_threads
             )
         except BaseException:
             slot.release()
@@ -197,20 +278,24 @@ class SessionManager:
                 stream=stream,
                 pc=negotiated.pc,
                 permit=permit,
-                etag=f'"{secrets.token_hex(8)}"',
+                etag=new_etag(),
                 posted_at=posted_at,
                 liveness=negotiated.liveness,
+                peer_end=negotiated.peer_end,
+                answer_sdp=negotiated.answer_sdp,
                 intakes=negotiated.intakes,
             )
             codecs = [p.chosen.encoding for p in summary.accepted if p.chosen is not None]
-            await self.timeline.append(
-                NewEvent(
-                    run_id,
-                    EventType.RUN_CREATED,
-                    principal,
-                    {"stream": stream, "session_id": session_id, "codecs": codecs},
-                )
+            created = NewEvent(
+                run_id,
+                EventType.RUN_CREATED,
+                principal,
+                {"stream": stream, "session_id": session_id, "codecs": codecs},
             )
+            if isinstance(slot, StreamSlot):
+                await self.timeline.append(created)
+            else:  # cluster mode: the commit consumes the store's reservation
+                await slot.commit(created)
         except BaseException:
             if negotiated is not None:
                 await close_quietly(negotiated.pc, "admission failed")
@@ -235,76 +320,20 @@ class SessionManager:
             ) from exc
         # No await between insertion and the reclaimer: a visible session has an owner.
         self.reclaimer.start(session)
-        self._start_pipeline(session, negotiated)
+        start_pipeline(
+            session,
+            negotiated,
+            pipeline=self.config.pipeline,
+            data_dir=self.config.server.data_dir,
+            timeline=self.timeline,
+            recordings=self.recordings,
+            first_frame_latency=self.first_frame_latency,
+            on_fault=self._report_fault,
+        )
         logger.info(
             "session %s run %s: admitted for %s stream %r", session_id, run_id, principal, stream
         )
         return Admitted(session, negotiated.answer_sdp)
-
-    def _start_pipeline(self, session: LiveSession, negotiated: Negotiated) -> None:
-        """Start the analyzers and decode workers, then route tap failures to the
-        session's faults (no await: called right after the reclaimer starts, so a
-        visible session always has its media owner too)."""
-        pipeline = self.config.pipeline
-        try:
-            processors = [load_processor(spec) for spec in pipeline.processors]
-            analysis = Analysis(
-                self._emitter(session),
-                run_id=session.run_id,
-                settings=AnalysisSettings(
-                    stats_interval_s=pipeline.stats_interval_s,
-                    scene_threshold=pipeline.scene_threshold,
-                    thumbnail_interval_s=pipeline.thumbnail_interval_s,
-                    keyframes_only=pipeline.decode == "keyframes",
-                ),
-                kinds=[intake.kind for intake in session.intakes],
-                processors=processors,
-                thumbnail_dir=self.config.server.data_dir / "thumbnails",
-                posted_at=session.posted_at,
-            )
-            session.analysis = analysis
-            session.supervisor = Supervisor(
-                session.session_id,
-                loop=asyncio.get_running_loop(),
-                on_fault=lambda stage, exc: self._report_fault(session, stage, exc),
-                on_frame=analysis.on_frame,
-                codec_threads=pipeline.codec_threads,
-                keyframes_only=pipeline.decode == "keyframes",
-                max_pixels=pipeline.max_pixels,
-                max_workers=session.permit.threads,
-            )
-            analysis.bind_supervisor(session.supervisor)
-            session.supervisor.start(session.intakes)
-        except Exception as exc:  # a processor that does not load, a thread that won't start
-            self._report_fault(session, "start", exc)
-            return
-        finally:
-            negotiated.tap_faults.route_to(lambda exc: self._report_fault(session, "intake", exc))
-
-    def _emitter(self, session: LiveSession) -> Emit:
-        """Worker-thread sink of analyzer events: a non-blocking append. A full WAL queue
-        drops that one event (logged) rather than stall decoding; lifecycle events never
-        go this way."""
-
-        def emit(etype: str, data: dict[str, object]) -> None:
-            if etype == EventType.FIRST_FRAME:
-                since_post = data.get("ms_since_post")
-                if isinstance(since_post, int | float):
-                    self.first_frame_latency.observe(since_post / 1000)
-            try:
-                self.timeline.append_nowait(
-                    NewEvent(session.run_id, etype, session.principal, data)
-                )
-            except RegistryError as exc:
-                logger.warning(
-                    "session %s run %s: %s not recorded: %s",
-                    session.session_id,
-                    session.run_id,
-                    etype,
-                    exc,
-                )
-
-        return emit
 
     async def _tombstone_run(self, run_id: str, principal: str) -> None:
         """Write ``run_deleted`` for a run whose session never became visible."""
@@ -327,13 +356,18 @@ class SessionManager:
         (``server.reconnect = "supersede"``) or is refused (``"reject"``)."""
         if not stream:
             return
+        reject = self.config.server.reconnect == "reject"
         for session in self.table.live():
             if session.principal == principal and session.stream == stream:
-                if self.config.server.reconnect == "reject":
+                if reject:
                     raise SessionSupersededConflictError(
                         f"stream {stream!r} already has a live session"
                     )
                 await self.close(session, CloseReason.SUPERSEDED)
+        if not isinstance(self.timeline, Timeline):
+            from whip.cluster_node import SUPERSEDE_WAIT_S, supersede_remote
+
+            await supersede_remote(self.timeline, principal, stream, reject, SUPERSEDE_WAIT_S)
 
     # ------------------------------------------------------------ faults and the reclaimer
 
@@ -361,10 +395,11 @@ class SessionManager:
         )
 
     def _gone(self, session: LiveSession) -> None:
-        """The reclaimer's watch ended: the peer is gone (or never came)."""
-        self.detached.detach(
-            self.close(session, CloseReason.PEER_GONE), f"reclaim-{session.session_id}"
-        )
+        """The reclaimer's watch ended: the peer ended cleanly (``peer_closed``), or it
+        is gone or never came (``peer_gone``)."""
+        clean = session.peer_end is not None and session.peer_end.reason is not None
+        reason = CloseReason.PEER_CLOSED if clean else CloseReason.PEER_GONE
+        self.detached.detach(self.close(session, reason), f"reclaim-{session.session_id}")
 
     async def _append_quietly(
         self, session: LiveSession, etype: str, data: dict[str, object]
@@ -397,6 +432,8 @@ class SessionManager:
         if session.reclaimer is not None and session.reclaimer is not current:
             session.reclaimer.cancel()
         before = await read_figures(session)  # RTP statistics die with the peer
+        if reason in SIGNALLED_REASONS:
+            self._tell_publisher_closed(session)
         await close_quietly(session.pc, f"session {session.session_id}")
         missed: list[str] = []
         if session.supervisor is not None:
@@ -406,6 +443,9 @@ class SessionManager:
                 pipeline.join_deadline_s,
                 drain_s=0.0 if reason is CloseReason.FAULT else pipeline.drain_budget_s(),
             )
+        if session.recorder is not None:
+            # After the workers: no frame arrives any more; its last segment closes now.
+            await self.recordings.detach(session.recorder, self.config.pipeline.join_deadline_s)
         after = await read_figures(session)
         if session.analysis is not None and not missed:
             # The workers are joined: the analyzers' state is ours to read now.
@@ -418,7 +458,8 @@ class SessionManager:
             # Forced shutdown: the detached threads still hold their memory, so the permit
             # is kept and the run is protected from retention eviction until exit.
             session.permit.keep()
-            self.timeline.runs.pin(session.run_id)
+            if isinstance(self.timeline, Timeline):  # the cluster store evicts nothing
+                self.timeline.runs.pin(session.run_id)
             await self._append_quietly(
                 session,
                 EventType.FORCED_SHUTDOWN,
@@ -431,38 +472,40 @@ class SessionManager:
         else:
             session.permit.release()
         await self._append_quietly(session, EventType.SESSION_CLOSED, {"reason": reason.value})
+        self.totals.closed_by_reason[reason.value] += 1
         session.advance(SessionState.CLOSED)
         logger.info(
             "session %s run %s: closed (%s)", session.session_id, session.run_id, reason.value
         )
         return True
 
-    # ------------------------------------------------------------ trickle, lookups
+    def _tell_publisher_closed(self, session: LiveSession) -> None:
+        provider = self.negotiator.ice_sockets
+        if provider is None or session.pc is None:
+            return
+        try:
+            connections = ice_connections(session.pc)
+        except AttributeError:  # closed before its transports existed: nothing learned
+            return
+        sent = sum(provider.publisher_closing(connection) for connection in connections)
+        if sent:
+            logger.debug(
+                "session %s run %s: port unreachable sent to the publisher (%d)",
+                session.session_id,
+                session.run_id,
+                sent,
+            )
 
-    async def trickle(self, session: LiveSession, fragment: TrickleFragment) -> None:
-        """Apply trickled candidates (an ICE restart is refused with 422).
+    def _ice_credentials_changed(self, connection: Connection) -> None:
+        """An ICE restart gave ``connection`` new local credentials: the shared UDP port
+        and the ICE-TCP port route by them, so both learn them now (synchronously, in the
+        restart's swap: the publisher's first check with the new ufrag may already be on
+        its way)."""
+        refresh_ice_credentials(connection)
+        if self.ice_tcp is not None:
+            self.ice_tcp.register(connection)
 
-        Every line is parsed before any is applied; candidates go to the bundle
-        transport (the first transceiver), which is where aiortc gathers for BUNDLE.
-        """
-        pc = session.pc
-        check_not_restart(fragment, remote_ufrag(pc.remoteDescription.sdp))
-        transceivers = pc.getTransceivers()
-        if not transceivers:
-            raise HttpError("session has no media", http_status=409, code="no_media")
-        mid = transceivers[0].mid
-        parsed = []
-        for line in fragment.candidates:
-            try:
-                candidate = candidate_from_sdp(line.removeprefix("candidate:"))
-            except (ValueError, IndexError) as exc:
-                raise FragmentError(f"malformed candidate: {exc}") from exc
-            candidate.sdpMid = mid
-            parsed.append(candidate)
-        for candidate in parsed:
-            await pc.addIceCandidate(candidate)
-        if fragment.end_of_candidates:
-            await pc.addIceCandidate(None)
+    # ------------------------------------------------------------ lookups
 
     def find_by_run(self, run_id: str) -> LiveSession | None:
         """The live session of ``run_id``, if any."""

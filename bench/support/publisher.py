@@ -10,10 +10,11 @@ the connection is up. The media is aiortc's own test tracks (green frames, silen
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import aiohttp
-from aiortc import RTCPeerConnection, RTCSessionDescription
+from aiortc import MediaStreamTrack, RTCPeerConnection, RTCSessionDescription
 from aiortc.mediastreams import AudioStreamTrack, VideoStreamTrack
 
 from whip.rtc.peer import new_peer_connection
@@ -28,6 +29,10 @@ class AiortcPublisher:
     connected: asyncio.Event = field(default_factory=asyncio.Event)
     location: str = ""
     run_id: str = ""
+    video_track: Callable[[], MediaStreamTrack] = VideoStreamTrack
+    """Makes the video track (aiortc's green frames unless told otherwise)."""
+    audio_track: Callable[[], MediaStreamTrack] = AudioStreamTrack
+    """Makes the audio track (aiortc's silence unless told otherwise)."""
 
     async def offer(self, audio: bool = True, video: bool = True) -> str:
         """Create the offer SDP (gathering done)."""
@@ -39,9 +44,9 @@ class AiortcPublisher:
 
         self.pc.on("connectionstatechange", on_change)
         if video:
-            self.pc.addTransceiver(VideoStreamTrack(), direction="sendonly")
+            self.pc.addTransceiver(self.video_track(), direction="sendonly")
         if audio:
-            self.pc.addTransceiver(AudioStreamTrack(), direction="sendonly")
+            self.pc.addTransceiver(self.audio_track(), direction="sendonly")
         await self.pc.setLocalDescription(await self.pc.createOffer())
         return str(self.pc.localDescription.sdp)
 

@@ -49,8 +49,23 @@ def free_port() -> int:
 
 
 def serve_args(port: int, data_dir: Path, *extra: str) -> list[str]:
-    """``serve`` and its flags on HOST (``extra``: more flags): what follows the launcher."""
-    return ["serve", "--host", HOST, "--port", str(port), "--data-dir", str(data_dir), *extra]
+    """``serve`` and its flags on HOST (``extra``: more flags, later ones win): what follows
+    the launcher. The ICE UDP and TCP ports are free ones (``--udp-port 0``,
+    ``--tcp-port 0``): runs on one machine never contend for the default 8189."""
+    return [
+        "serve",
+        "--host",
+        HOST,
+        "--port",
+        str(port),
+        "--data-dir",
+        str(data_dir),
+        "--udp-port",
+        "0",
+        "--tcp-port",
+        "0",
+        *extra,
+    ]
 
 
 def serve_argv(port: int, data_dir: Path, *extra: str) -> list[str]:

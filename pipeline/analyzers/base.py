@@ -13,6 +13,7 @@ import numpy as np
 import numpy.typing as npt
 from av.video.reformatter import VideoReformatter
 
+from pipeline._luma import block_means
 from pipeline.decoder import FrameMeta
 
 Event = tuple[str, dict[str, object]]
@@ -49,6 +50,26 @@ _last_luma = threading.local()
 """Per worker thread: the last frame downscaled and its luma (scene and black share it)."""
 
 
+_LUMA_PLANE_FORMATS = {
+    "yuv420p": False,
+    "yuv422p": False,
+    "yuv444p": False,
+    "yuv440p": False,
+    "nv12": False,
+    "nv21": False,
+    "yuvj420p": True,
+    "yuvj422p": True,
+    "yuvj444p": True,
+    "yuvj440p": True,
+}
+"""Pixel formats whose first plane is 8-bit luma at the picture's size -> whether that
+luma is full range by the format itself (the ``yuvj`` ones). What decoders give us is
+nearly always ``yuv420p``; every other format goes through swscale."""
+
+_FULL_RANGE = 2
+"""``AVCOL_RANGE_JPEG``: a frame tagged full range (whatever its format)."""
+
+
 def small_luma(frame: av.VideoFrame, reformatter: VideoReformatter) -> npt.NDArray[np.uint8]:
     """The frame's luma, area-averaged down to 64x36: full-range 8-bit codes, 0..255
     (``code / LUMA_MAX`` is the luma on 0..1), read-only.
@@ -57,24 +78,47 @@ def small_luma(frame: av.VideoFrame, reformatter: VideoReformatter) -> npt.NDArr
     and the downscale is most of their cost. The thread keeps one reference to its last
     frame until the next.
 
-    FFmpeg's swscale does the work in C with the GIL released (``AREA``: each output
-    pixel is the mean of the source pixels it covers; ``threads=1``, the picture is tiny
-    and a thread pool per call would cost more). The ``gray`` output is full range, so
-    limited-range video black (Y=16) reads 0 and white 255. The codes are the output
-    frame's plane, read in place (no copy, no float conversion: the analyzers do their
-    sums in integers and scale the one number they keep).
+    Each output code is the mean of the source luma codes of one block, the blocks
+    tiling the picture (every row and every column is read: sampling some rows would
+    make vertical motion alias, a sharp edge scrolling one row per frame would move the
+    sampled mean in steps and raise the scene score of such a picture towards the 0.4
+    threshold). Limited-range luma is mapped to full range, so video black (Y=16) reads
+    0 and white (Y=235) 255, as swscale's ``gray`` output maps it.
 
-    Cost: swscale's filter is about one multiply-add per source pixel, then each numpy or
-    PyAV call costs microseconds, which is why there are few of them (figures:
-    ``docs/PERFORMANCE.md``, "Analyzers"). Reading only some rows (a strided view of the
-    luma plane) would roughly halve swscale's part but makes vertical motion alias: a
-    sharp edge scrolling one row per frame then moves the sampled mean in steps and the
-    scene score of such a picture rises towards the 0.4 threshold; so every row is read.
+    Two ways, one result (within a few codes: swscale rounds its filter in fixed point,
+    and where the picture does not divide into 64x36 its filter is wider than a tile):
+    for the formats whose first plane is 8-bit luma (``yuv420p`` and kin, what decoders
+    give) :func:`pipeline._luma.block_means` sums that plane in C with the GIL released,
+    reading nothing else; for every other format (10-bit, ``gray``, RGB) and a picture
+    smaller than 64x36, swscale's ``AREA`` filter makes a ``gray`` picture
+    (``threads=1``: a thread pool per tiny picture would cost more). Either way the luma
+    plane is read once, mostly from memory (the decoder wrote it a frame's decode ago),
+    which is what this costs; the C reads it with less work per byte and fetches rows
+    ahead (figures: ``docs/PERFORMANCE.md``, "Analyzers").
     """
     last = getattr(_last_luma, "value", None)
     if last is not None and last[0] is frame:
         cached: npt.NDArray[np.uint8] = last[1]
         return cached
+    width, height = frame.width, frame.height
+    full = _LUMA_PLANE_FORMATS.get(frame.format.name)
+    if full is not None and width >= SMALL_WIDTH and height >= SMALL_HEIGHT:
+        limited = not full and frame.color_range != _FULL_RANGE
+        codes = np.empty((SMALL_HEIGHT, SMALL_WIDTH), np.uint8)
+        plane = frame.planes[0]
+        block_means(
+            plane, width, height, plane.line_size, codes, SMALL_WIDTH, SMALL_HEIGHT, limited
+        )
+    else:
+        codes = _swscale_luma(frame, reformatter)
+    codes.setflags(write=False)
+    _last_luma.value = (frame, codes)
+    return codes
+
+
+def _swscale_luma(frame: av.VideoFrame, reformatter: VideoReformatter) -> npt.NDArray[np.uint8]:
+    """:func:`small_luma` by swscale (any format): the output frame's plane, read in
+    place (copied when FFmpeg padded its lines, so that it is always C-contiguous)."""
     small = reformatter.reformat(
         frame,
         width=SMALL_WIDTH,
@@ -86,10 +130,8 @@ def small_luma(frame: av.VideoFrame, reformatter: VideoReformatter) -> npt.NDArr
     plane = small.planes[0]
     stride = plane.line_size  # FFmpeg pads lines to its alignment (64 here, no padding)
     codes = np.frombuffer(plane, np.uint8, SMALL_HEIGHT * stride).reshape(SMALL_HEIGHT, stride)
-    if stride != SMALL_WIDTH:
-        codes = codes[:, :SMALL_WIDTH]
-    codes.setflags(write=False)
-    _last_luma.value = (frame, codes)
+    if stride != SMALL_WIDTH:  # contiguous, as the C sums of scene and black need
+        codes = np.ascontiguousarray(codes[:, :SMALL_WIDTH])
     return codes
 
 

@@ -18,6 +18,7 @@ from __future__ import annotations
 import av
 from av.video.reformatter import VideoReformatter
 
+from pipeline._luma import code_sum
 from pipeline.analyzers.base import LUMA_MAX, Episode, Event, media_ms, small_luma
 from pipeline.decoder import FrameMeta
 
@@ -46,7 +47,7 @@ class VideoBlack:
     def process(self, frame: av.VideoFrame, meta: FrameMeta) -> list[Event]:
         """Measure ``frame``; a ``video_black`` start or end event when one is due."""
         codes = small_luma(frame, self._reformatter)
-        luma = float(codes.sum()) / (codes.size * LUMA_MAX)  # the mean, on 0..1
+        luma = code_sum(codes) / (codes.size * LUMA_MAX)  # the mean, on 0..1
         self.luma = luma
         limit = self.threshold + (self.hysteresis if self._episode.started else 0.0)
         at = media_ms(meta)

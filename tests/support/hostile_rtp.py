@@ -111,15 +111,26 @@ class RtpStream:
 
 
 class HostilePublisher:
-    """A WHIP publisher with one video transceiver (H.264 only) and no track.
+    """A WHIP publisher with one video transceiver (H.264 only, or ``video_mime``'s
+    format: e.g. ``video/H265``, which aiortc offers once the server's app has added it,
+    :mod:`whip.rtc.codec_table`) and no track.
 
     ``publish`` offers, POSTs and applies the answer; ``connected`` is set once the peer
     connection (DTLS/SRTP) is up. Then ``send`` puts hand-made packets on the wire.
     """
 
-    def __init__(self, *, audio: bool = False) -> None:
+    def __init__(
+        self,
+        *,
+        audio: bool = False,
+        video_mime: str = "video/H264",
+        offer_edit: Callable[[str], str] | None = None,
+    ) -> None:
         self.pc = new_peer_connection()
         self.audio = audio
+        self.video_mime = video_mime
+        self.offer_edit = offer_edit
+        """Rewrites the offer before it is POSTed (e.g. into OBS's simulcast shape)."""
         self.states: list[str] = []
         self.connected = asyncio.Event()
         self.location = ""
@@ -141,18 +152,20 @@ class HostilePublisher:
 
         self.pc.on("connectionstatechange", on_change)
         video = self.pc.addTransceiver("video", direction="sendonly")
-        h264 = [
+        chosen = [
             c
             for c in RTCRtpSender.getCapabilities("video").codecs
-            if c.mimeType == "video/H264" and c.parameters.get("packetization-mode") == "1"
+            if c.mimeType == self.video_mime
+            and (c.mimeType != "video/H264" or c.parameters.get("packetization-mode") == "1")
         ]
-        video.setCodecPreferences(h264[:1])
+        video.setCodecPreferences(chosen[:1])
         if self.audio:
             self.pc.addTransceiver("audio", direction="sendonly")
         await self.pc.setLocalDescription(await self.pc.createOffer())
-        response = await http.post(
-            url, data=self.pc.localDescription.sdp, headers={"Content-Type": "application/sdp"}
-        )
+        offer = self.pc.localDescription.sdp
+        if self.offer_edit is not None:
+            offer = self.offer_edit(offer)
+        response = await http.post(url, data=offer, headers={"Content-Type": "application/sdp"})
         body = await response.text()
         if response.status == 201:
             self.location = response.headers["Location"]
@@ -193,7 +206,8 @@ class HostilePublisher:
     @property
     def video_payload_type(self) -> int:
         """The negotiated H.264 payload type."""
-        codec = next(c for c in self._transceiver("video")._codecs if c.name == "H264")
+        name = self.video_mime.split("/")[1]
+        codec = next(c for c in self._transceiver("video")._codecs if c.name == name)
         return int(codec.payloadType)
 
     @property

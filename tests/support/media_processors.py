@@ -100,3 +100,24 @@ class LateBlocker(Blocker):
     sender keeps sending meanwhile pile up in the intake until the test releases it."""
 
     at_frame = 40
+
+
+HOSTILE_TEXT = "<img src=x onerror=alert(1)>"
+"""Markup a page must show as text (the dashboard test's hostile string)."""
+
+
+class HostileLabel:
+    """Emits one ``label`` event at the 3rd decoded video frame whose data is markup, as
+    a processor that reads text from the picture (a caption, a QR code) could: the
+    dashboard must show it as text. No state shared between sessions."""
+
+    kinds = ("video",)
+
+    def __init__(self) -> None:
+        self.seen = 0
+
+    def process(self, frame: av.VideoFrame, meta: FrameMeta) -> list[tuple[str, dict[str, object]]]:
+        self.seen += 1
+        if self.seen == 3:
+            return [("label", {"text": HOSTILE_TEXT, HOSTILE_TEXT: "key"})]
+        return []

@@ -7,6 +7,8 @@ tests' alone.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from bench.support.publisher import AiortcPublisher
 
 __all__ = ["AiortcPublisher", "ffmpeg_whip_push"]
@@ -19,11 +21,24 @@ def ffmpeg_whip_push(
     fps: int = 30,
     size: tuple[int, int] = (320, 180),
     audio: bool = True,
+    profile: str = "baseline",
+    preset: str = "ultrafast",
+    token: str | None = None,
+    on_packet: Callable[[str, bytes], None] | None = None,
+    stop: Callable[[], bool] | None = None,
 ) -> int:
-    """Push a generated pattern (H.264 + Opus) with FFmpeg's WHIP muxer through PyAV.
+    """Push a generated pattern (H.264 of libx264's ``profile`` + Opus) with FFmpeg's WHIP
+    muxer through PyAV. (libx264's ``profile`` is a ceiling: ``ultrafast`` turns CABAC and
+    8x8 transforms off, so its stream is constrained baseline whatever the profile; a
+    main or high stream needs ``preset="veryfast"`` or slower.)
 
     Blocking and paced in real time; bounded by ``seconds``. Closing the container makes
     the muxer DELETE its session URL. Returns the number of video frames sent.
+    ``on_packet(kind, data)`` sees every packet the encoders produced (``"video"`` or
+    ``"audio"``), as they produced it, before the muxer sends it, and first the video
+    encoder's extradata (``"video-extradata"``: the SPS and PPS, which the WHIP muxer
+    puts before every keyframe it sends; the recording tests compare with these).
+    ``stop()`` (checked before every frame) ends the push early.
     """
     import fractions
     import time
@@ -35,12 +50,22 @@ def ffmpeg_whip_push(
 
     width, height = size
     out, video, sound = open_whip_output(
-        url, width=width, height=height, fps=fps, audio=audio, preset="ultrafast"
+        url,
+        width=width,
+        height=height,
+        fps=fps,
+        audio=audio,
+        preset=preset,
+        profile=profile,
+        token=token,
     )
     try:
         frames = int(seconds * fps)
+        sent_extradata = False
         started = time.monotonic()
         for index in range(frames):
+            if stop is not None and stop():
+                return index
             delay = started + index / fps - time.monotonic()
             if delay > 0:
                 time.sleep(delay)
@@ -49,6 +74,11 @@ def ffmpeg_whip_push(
             frame.pts = index
             frame.time_base = fractions.Fraction(1, fps)
             for packet in video.encode(frame):
+                if on_packet is not None:
+                    if index == 0 or not sent_extradata:
+                        sent_extradata = True
+                        on_packet("video-extradata", bytes(video.codec_context.extradata or b""))
+                    on_packet("video", bytes(packet))
                 out.mux(packet)
             if sound is not None and index % 3 == 0:
                 for chunk in range(5):  # 100 ms of audio per 3 video frames at 30 fps
@@ -58,6 +88,8 @@ def ffmpeg_whip_push(
                     block.pts = (index // 3 * 5 + chunk) * 960
                     block.time_base = fractions.Fraction(1, 48000)
                     for packet in sound.encode(block):
+                        if on_packet is not None:
+                            on_packet("audio", bytes(packet))
                         out.mux(packet)
         return frames
     finally:

@@ -3,19 +3,21 @@ that the ``whip_servers`` fixture in tests/conftest.py wraps), a wait for a run'
 a well-behaved push, and the command line of a server process.
 
 :func:`serve_argv` is the benches' own (``bench/support/server_process.py``: the system
-crash loop starts servers with it in both), named here for the tests.
+crash loop starts servers with it in both), plus ``--no-udp-mux`` when
+:data:`TEST_UDP_MUX` is off, so server processes follow the suite's switch too.
 """
 
 from __future__ import annotations
 
 import asyncio
+import os
 from pathlib import Path
 from typing import Any
 
 import aiohttp
 from aiohttp.test_utils import TestServer
 
-from bench.support.server_process import serve_argv
+from bench.support import server_process
 from registry.events import Event
 from registry.timeline import Timeline
 from tests.support.eventually import eventually
@@ -26,17 +28,39 @@ from whip.cli import configure_ice
 from whip.config import Config, build_config
 from whip.session_manager import SessionSeams
 
+TEST_UDP_MUX = os.environ.get("WHIP_TEST_ICE_UDP_MUX", "1") != "0"
+"""Whether the test servers share one UDP port (the default) or open a socket per session
+(``WHIP_TEST_ICE_UDP_MUX=0``: the suite's run with ``ice.udp_mux = false``)."""
+
+
+def serve_argv(port: int, data_dir: Path, *extra: str) -> list[str]:
+    """The command line of a real server process on 127.0.0.1 (module doc)."""
+    switch = () if TEST_UDP_MUX else ("--no-udp-mux",)
+    return server_process.serve_argv(port, data_dir, *switch, *extra)
+
 
 def make_config(
-    tmp_path: Path, principals: list[dict[str, str]] | None = None, **overrides: Any
+    tmp_path: Path,
+    principals: list[dict[str, str]] | None = None,
+    *,
+    webhooks: list[dict[str, Any]] | None = None,
+    **overrides: Any,
 ) -> Config:
-    """A config for ``tmp_path``; ``section__key=value`` keyword overrides."""
-    document: dict[str, Any] = {"server": {"data_dir": str(tmp_path / "data")}}
+    """A config for ``tmp_path``; ``section__key=value`` keyword overrides, optional
+    ``[[principals]]`` and ``[[webhooks]]`` entries. The UDP mux
+    and ICE-TCP take free ports (``ice.udp_port = 0``, ``ice.tcp_port = 0``: tests run in
+    parallel, the defaults are one per machine); the mux follows :data:`TEST_UDP_MUX`."""
+    document: dict[str, Any] = {
+        "server": {"data_dir": str(tmp_path / "data")},
+        "ice": {"udp_port": 0, "udp_mux": TEST_UDP_MUX, "tcp_port": 0},
+    }
     for dotted, value in overrides.items():
         section, _, key = dotted.partition("__")
         document.setdefault(section, {})[key] = value
     if principals:
         document["principals"] = principals
+    if webhooks:
+        document["webhooks"] = webhooks
     return build_config(document, {}, {})
 
 
@@ -52,14 +76,25 @@ class ServerPool:
         principals: list[dict[str, str]] | None = None,
         *,
         seams: SessionSeams | None = None,
+        webhooks: list[dict[str, Any]] | None = None,
+        port: int | None = None,
         **overrides: Any,
     ) -> TestServer:
-        """A started server (``section__key`` overrides, optional principals, the
-        session manager's injected parts)."""
-        config = make_config(self.root / f"s{len(self.servers)}", principals, **overrides)
+        """A started server (``section__key`` overrides, optional principals and
+        webhooks, the session manager's injected parts; ``port``: a port chosen before,
+        for a config that names it, else a free one)."""
+        config = make_config(
+            self.root / f"s{len(self.servers)}", principals, webhooks=webhooks, **overrides
+        )
         configure_ice(config)
-        server = TestServer(create_app(config, seams=seams), host="127.0.0.1")
-        await server.start_server()
+        server = TestServer(create_app(config, seams=seams), host="127.0.0.1", port=port)
+        try:
+            await server.start_server()
+        except BaseException:
+            # The contexts that did start (a cluster store's connections, the UDP mux)
+            # are cleaned up now: left open they would outlive the test's event loop.
+            await server.close()
+            raise
         self.servers.append(server)
         return server
 
@@ -107,4 +142,11 @@ async def normal_push(server: TestServer, stream: str) -> AiortcPublisher:
     return publisher
 
 
-__all__ = ["ServerPool", "make_config", "normal_push", "serve_argv", "wait_for_type"]
+__all__ = [
+    "TEST_UDP_MUX",
+    "ServerPool",
+    "make_config",
+    "normal_push",
+    "serve_argv",
+    "wait_for_type",
+]

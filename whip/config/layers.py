@@ -9,8 +9,9 @@ Rules:
 - Environment values and string overrides are text (:func:`whip.config.coerce.coerce`);
   TOML values and overrides of another type must already have the key's type.
 - Unknown sections, keys and ``WHIP_INGEST_*`` variables are errors, except the names in
-  :data:`RESERVED_ENV`, which belong to the CLI. ``[[principals]]`` exist only in the
-  file: a ``WHIP_INGEST_PRINCIPALS_*`` variable is an error.
+  :data:`RESERVED_ENV`, which belong to the CLI. ``[[principals]]`` and ``[[webhooks]]``
+  exist only in the file: a ``WHIP_INGEST_PRINCIPALS_*`` or ``WHIP_INGEST_WEBHOOKS_*``
+  variable is an error.
 - Every value is checked as it enters (the file, the environment, the flags, then the
   principals), so the first bad one is reported, as a
   :class:`ConfigError` naming the key and its source (``config file PATH``, ``environment
@@ -31,11 +32,14 @@ from whip.config.schema import (
     check_rule,
     check_whole,
     parse_principals,
+    parse_webhook_entries,
     section_keys,
 )
 
 ENV_PREFIX = "WHIP_INGEST_"
 RESERVED_ENV = frozenset({"WHIP_INGEST_CONFIG", "WHIP_INGEST_LOG_LEVEL"})
+FILE_ONLY = frozenset({"principals", "webhooks"})
+"""Arrays of tables that only the file configures."""
 
 
 class Layers:
@@ -85,7 +89,7 @@ def build_config(
     """Layer ``document`` (parsed TOML), ``env`` and ``overrides`` (the module's rules)."""
     layers = Layers()
     for section, body in document.items():
-        if section == "principals":
+        if section in FILE_ONLY:
             continue
         if not isinstance(body, dict):
             raise ConfigError(
@@ -98,10 +102,10 @@ def build_config(
             continue
         section, _, key = name.removeprefix(ENV_PREFIX).lower().partition("_")
         source = f"environment {name}"
-        if section == "principals":
+        if section in FILE_ONLY:
             raise ConfigError(
-                f"{source}: principals are configured in the file only",
-                key="principals",
+                f"{source}: {section} are configured in the file only",
+                key=section,
                 source=source,
             )
         layers.set(section, key, env[name], source, text=True)
@@ -110,7 +114,8 @@ def build_config(
             section, _, key = dotted.partition(".")
             layers.set(section, key, raw, f"flag {dotted}", text=isinstance(raw, str))
     principals = parse_principals(document.get("principals", []), file_label)
+    webhooks = parse_webhook_entries(document.get("webhooks", []), file_label)
     sections = {name: cls(**layers.values[name]) for name, cls in SECTIONS.items()}
-    config = Config(**sections, principals=principals)
+    config = Config(**sections, principals=principals, webhooks=webhooks)
     check_whole(config, layers.source)
     return config

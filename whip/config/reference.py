@@ -3,10 +3,12 @@
 Rules:
 
 - One row per key, in the schema's order (sections as :data:`SECTIONS` lists them, keys
-  in field order), then the ``[[principals]]`` keys; nothing is written by hand.
+  in field order), then the ``[[principals]]`` keys, then the ``[[webhooks]]`` keys
+  (:data:`whip.webhooks.config.WEBHOOK_KEYS`); nothing is written by hand.
 - A row shows the key's type as a reader writes it (``integer``, ``list of string``,
-  ``"a" | "b"``), its default as TOML (``(required)`` for principal keys), its environment
-  variable (``-`` for principal keys: the file only) and the rule's description.
+  ``"a" | "b"``), its default as TOML (``(required)`` or ``(optional)`` for principal
+  keys), its environment variable (``-`` for principal keys: the file only) and the
+  rule's description.
 - :func:`render_reference` is the Markdown table between the README's
   ``config-reference`` markers; ``tests/test_readme.py`` fails when the two differ.
 """
@@ -18,8 +20,15 @@ from pathlib import Path
 from typing import Any, Literal, NamedTuple
 
 from whip.config.layers import ENV_PREFIX
-from whip.config.schema import PRINCIPAL_DOCS, SECTIONS, PrincipalConfig, section_keys
+from whip.config.schema import (
+    PRINCIPAL_DOCS,
+    PRINCIPAL_OPTIONAL_DOCS,
+    SECTIONS,
+    PrincipalConfig,
+    section_keys,
+)
 from whip.config.values import IceServer
+from whip.webhooks.config import WEBHOOK_KEYS
 
 
 class ConfigKey(NamedTuple):
@@ -34,7 +43,7 @@ class ConfigKey(NamedTuple):
     @property
     def env(self) -> str | None:
         """The environment variable that sets this key (None: file only)."""
-        if self.section == "principals":
+        if self.section in ("principals", "webhooks"):
             return None
         return f"{ENV_PREFIX}{self.section.upper()}_{self.key.upper()}"
 
@@ -68,6 +77,10 @@ def config_reference() -> list[ConfigKey]:
     hints = typing.get_type_hints(PrincipalConfig)
     for name, doc in PRINCIPAL_DOCS.items():
         rows.append(ConfigKey("principals", name, _type_label(hints[name]), "(required)", doc))
+    for name, doc in PRINCIPAL_OPTIONAL_DOCS.items():
+        rows.append(ConfigKey("principals", name, "boolean", "(optional)", doc))
+    for name, (type_label, default, doc) in WEBHOOK_KEYS.items():
+        rows.append(ConfigKey("webhooks", name, type_label, default, doc))
     return rows
 
 
@@ -75,7 +88,8 @@ def render_reference() -> str:
     """The reference as a Markdown table (for the README)."""
     lines = ["| key | type | default | environment | description |", "|---|---|---|---|---|"]
     for row in config_reference():
-        prefix = "[[principals]] " if row.section == "principals" else f"{row.section}."
+        arrays = ("principals", "webhooks")
+        prefix = f"[[{row.section}]] " if row.section in arrays else f"{row.section}."
         name = prefix + row.key
         env = f"`{row.env}`" if row.env else "-"
         cells = (f"`{name}`", row.type, f"`{row.default}`", env, row.description)

@@ -10,13 +10,19 @@ Rules:
   copy of the reference is checked by ``tests/test_readme.py``).
 - Types a key may have: ``int``, ``float``, ``bool``, ``str``, ``Path``, a ``Literal`` of
   strings, :class:`IceServer`, or a ``tuple[...]`` of one of those (a list in TOML).
-- ``[[principals]]`` entries need exactly ``name``, ``role`` and ``token_sha256``: a name of
+- ``[[principals]]`` entries need exactly ``name``, ``role`` and ``token_sha256`` (and may
+  have ``record``, a boolean): a name of
   1-64 of ``A-Z a-z 0-9 . _ -`` starting alphanumeric, not ``anonymous`` (that one is
   anonymous mode's), unique; a role ``publisher`` or ``operator``; 64 hex digits, stored
   lowercase, no two principals with one token.
-- Whole-config refusals (:func:`check_whole`): no principals while ``server.host`` is not
-  loopback; fewer budget threads than one session's workers; a budget that cannot hold one
-  audio+video session's queues; a WAL record larger than a segment.
+- ``[[webhooks]]`` entries: :mod:`whip.webhooks.config` (file only, like principals).
+- ``[auth]`` (JWT, the auth hook) is declared in :mod:`whip.config.auth`, with its own
+  refusals.
+- Whole-config refusals (:func:`check_whole`): no principals, JWKS or auth hook while
+  ``server.host`` is not loopback; the ``[auth]`` ones; fewer budget threads than one
+  session's workers; a budget that cannot hold one audio+video session's queues; a WAL
+  record larger than a segment; an ICE port range that is neither 0/0 nor
+  ``1 <= port_min <= port_max``.
 - Pure: nothing here reads a file or the environment (:mod:`whip.config.load` reads the
   file; the caller passes the environment in).
 """
@@ -35,39 +41,37 @@ from registry.record import DEFAULT_MAX_RECORD_BYTES
 from registry.runs import DEFAULT_DELETED_RETENTION
 from registry.snapshot import DEFAULT_TAIL_EVENTS, DEFAULT_WARM_RUNS
 from registry.wal import DEFAULT_SEGMENT_BYTES
+from whip.config.auth import AuthConfig, auth_enabled, check_auth
 from whip.config.errors import ConfigError, InvalidValue
+from whip.config.rule import Rule
 from whip.config.values import (
     IceServer,
     check_host,
     check_networks,
     check_processors,
     check_public_hosts,
+    check_video_codecs,
     is_loopback,
 )
 from whip.eventloop import DEFAULT_EVENT_LOOP, EventLoopKind
 from whip.gcpolicy import DEFAULT_YOUNG_THRESHOLD
 from whip.names import PRINCIPAL_RULE, is_principal_name
 from whip.sdp import DEFAULT_MAX_BYTES as DEFAULT_SDP_MAX_BYTES
+from whip.sdp import DEFAULT_VIDEO_CODECS, VideoCodecName
+from whip.webhooks.config import WebhookConfig, WebhookEntryError, parse_webhooks
 
 Role = Literal["publisher", "operator"]
 ReconnectPolicy = Literal["supersede", "reject"]
 DecodeMode = Literal["all", "keyframes"]
+SimulcastMode = Literal["highest", "lowest", "all"]
 CorruptionPolicy = Literal["quarantine", "fail"]
+RecordingFormat = Literal["fmp4", "mkv"]
 
 ANONYMOUS = "anonymous"
 KiB, MiB, GiB = 1 << 10, 1 << 20, 1 << 30
 
 
 _SHA256_HEX = re.compile(r"[0-9a-fA-F]{64}")
-
-
-class Rule(NamedTuple):
-    """How one key is documented and checked beyond its type."""
-
-    doc: str
-    lo: float | None = None
-    hi: float | None = None
-    check: Callable[[Any], None] | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -227,6 +231,11 @@ class PipelineConfig:
     stats_interval_s: float = 5.0
     analyze_audio: bool = True
     processors: tuple[str, ...] = ()
+    max_bitrate_bps: int = 0
+    start_bitrate_bps: int = 1_000_000
+    transport_cc: bool = True
+    video_codecs: tuple[VideoCodecName, ...] = DEFAULT_VIDEO_CODECS
+    simulcast: SimulcastMode = "highest"
 
     RULES: ClassVar[dict[str, Rule]] = {
         "workers_per_session": Rule("decode worker threads per session", 1, 64),
@@ -259,6 +268,32 @@ class PipelineConfig:
         "stats_interval_s": Rule("seconds between stats events", 0.1, 3600),
         "analyze_audio": Rule("decode audio tracks (audio_silence events)"),
         "processors": Rule("extra frame processors, 'module:attribute'", check=check_processors),
+        "max_bitrate_bps": Rule(
+            "video bitrate ceiling announced to publishers (b=AS/b=TIAS in the answer, and "
+            "REMB; 0: none); see docs/INTEROP.md for which publishers honour it",
+            0,
+            10_000_000_000,
+        ),
+        "start_bitrate_bps": Rule(
+            "where a libwebrtc publisher (Chromium: its offer has transport-cc on video) "
+            "starts its bandwidth estimate (x-google-start-bitrate in the answer; 0: its "
+            "own 300 kb/s)",
+            0,
+            100_000_000,
+        ),
+        "transport_cc": Rule(
+            "answer transport-wide congestion control feedback to publishers that offer it "
+            "(false: REMB for every publisher)"
+        ),
+        "video_codecs": Rule(
+            "video formats accepted, most preferred first: the answer lists the offer's "
+            "receivable ones in this order (a format left out is refused)",
+            check=check_video_codecs,
+        ),
+        "simulcast": Rule(
+            "which simulcast layers are decoded: the highest, the lowest, or all "
+            "(every offered layer is accepted and measured either way)"
+        ),
     }
 
     def drain_budget_s(self) -> float:
@@ -294,12 +329,142 @@ class WalConfig:
 
 
 @dataclass(frozen=True, slots=True)
+class IceConfig:
+    """``[ice]``: the UDP and TCP ports every session's ICE, DTLS and SRTP use
+    (:mod:`whip.rtc.udp_mux`, :mod:`whip.rtc.session_sockets`, :mod:`whip.rtc.ice_tcp`)."""
+
+    udp_port: int = 8189
+    udp_mux: bool = True
+    port_min: int = 0
+    port_max: int = 0
+    tcp_port: int = 8189
+    tcp_handshake_timeout_s: float = 5.0
+    tcp_max_connections: int = 1024
+    tcp_max_connections_per_address: int = 16
+    tcp_max_frame_bytes: int = 1500
+
+    RULES: ClassVar[dict[str, Rule]] = {
+        "udp_port": Rule(
+            "the one UDP port every session shares when udp_mux is on (0: a free port "
+            "chosen at start)",
+            0,
+            65535,
+        ),
+        "udp_mux": Rule(
+            "share one UDP socket among all sessions; false: one socket per session, "
+            "within port_min..port_max"
+        ),
+        "port_min": Rule(
+            "lowest UDP port of a per-session socket (udp_mux false; 0 with port_max 0: any)",
+            0,
+            65535,
+        ),
+        "port_max": Rule(
+            "highest UDP port of a per-session socket (udp_mux false; 0 with port_min 0: any)",
+            0,
+            65535,
+        ),
+        "tcp_port": Rule(
+            "the one TCP port of ICE-TCP passive candidates (0: a free port chosen at "
+            "start; -1: no ICE-TCP)",
+            -1,
+            65535,
+        ),
+        "tcp_handshake_timeout_s": Rule(
+            "an ICE-TCP connection with no verified binding request by then is closed", 0.1, 300
+        ),
+        "tcp_max_connections": Rule("ICE-TCP connections open at once, all sessions", 1, 65536),
+        "tcp_max_connections_per_address": Rule(
+            "ICE-TCP connections open at once from one remote IP address", 1, 65536
+        ),
+        "tcp_max_frame_bytes": Rule(
+            "longest RFC 4571 frame an ICE-TCP connection may send (else it is closed)", 548, 65535
+        ),
+    }
+
+
+def check_store_url(value: str) -> None:
+    """``""`` (the embedded WAL) or a ``postgresql://`` / ``postgres://`` URL."""
+    if value and not value.startswith(("postgresql://", "postgres://")):
+        raise InvalidValue("must be a postgresql:// URL (or empty: the embedded WAL)")
+
+
+def check_advertise_url(value: str) -> None:
+    if value and not value.startswith(("http://", "https://")):
+        raise InvalidValue("must be an http:// or https:// base URL")
+
+
+@dataclass(frozen=True, slots=True)
+class ClusterConfig:
+    """``[cluster]``: cluster mode on PostgreSQL (``store`` empty: the embedded WAL)."""
+
+    store: str = ""
+    node_id: str = ""
+    advertise_url: str = ""
+    lease_s: float = 10.0
+    secret: str = ""
+
+    RULES: ClassVar[dict[str, Rule]] = {
+        "store": Rule(
+            "PostgreSQL URL of the cluster store (empty: the embedded WAL, one node)",
+            check=check_store_url,
+        ),
+        "node_id": Rule("this node's id in the cluster (empty: host name and port)"),
+        "advertise_url": Rule(
+            "this node's base URL in Location and links (empty: from server.host and port)",
+            check=check_advertise_url,
+        ),
+        "lease_s": Rule("node lease; renewed every lease_s/6, lost after lease_s", 0.5, 3600),
+        "secret": Rule(
+            "shared secret of node-to-node requests (required with a store; never logged)"
+        ),
+    }
+
+    @property
+    def enabled(self) -> bool:
+        return bool(self.store)
+
+
+@dataclass(frozen=True, slots=True)
+class RecordingConfig:
+    """``[recording]``: remux of every pushed stream into segment files
+    (:mod:`pipeline.recording`); a principal's ``record`` overrides ``enabled``."""
+
+    enabled: bool = False
+    segment_s: float = 60.0
+    format: RecordingFormat = "fmp4"
+    max_bytes: int = 0
+    dir: str = ""
+
+    RULES: ClassVar[dict[str, Rule]] = {
+        "enabled": Rule("record every push (stream copy, never re-encoded)"),
+        "segment_s": Rule(
+            "seconds of media per segment file; a segment starts at a video keyframe", 1, 86400
+        ),
+        "format": Rule("segment container: fragmented MP4 (.mp4) or Matroska (.mkv)"),
+        "max_bytes": Rule(
+            "disk budget of all recordings: past it the oldest ended runs' recordings are "
+            "deleted (0: no budget)",
+            0,
+            1 << 60,
+        ),
+        "dir": Rule("directory of the recordings (empty: <data_dir>/recordings)"),
+    }
+
+    def directory(self, data_dir: Path) -> Path:
+        """Where the recordings are kept: ``dir``, or ``<data_dir>/recordings``."""
+        return Path(self.dir) if self.dir else data_dir / "recordings"
+
+
+@dataclass(frozen=True, slots=True)
 class PrincipalConfig:
-    """One ``[[principals]]`` entry; ``token_sha256`` is normalized to lowercase hex."""
+    """One ``[[principals]]`` entry; ``token_sha256`` is normalized to lowercase hex.
+    ``record``: None follows ``recording.enabled``."""
 
     name: str
     role: Role
     token_sha256: str
+    record: bool | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -310,12 +475,25 @@ class Config:
     limits: LimitsConfig = field(default_factory=LimitsConfig)
     pipeline: PipelineConfig = field(default_factory=PipelineConfig)
     wal: WalConfig = field(default_factory=WalConfig)
+    ice: IceConfig = field(default_factory=IceConfig)
+    recording: RecordingConfig = field(default_factory=RecordingConfig)
+    auth: AuthConfig = field(default_factory=AuthConfig)
+    cluster: ClusterConfig = field(default_factory=ClusterConfig)
     principals: tuple[PrincipalConfig, ...] = ()
+    webhooks: tuple[WebhookConfig, ...] = ()
 
     @property
     def anonymous(self) -> bool:
-        """No principals: every request is ``anonymous`` (loopback only)."""
-        return not self.principals
+        """No principals, no JWT, no hook: every request is ``anonymous`` (loopback only)."""
+        return not self.principals and not auth_enabled(self.auth)
+
+    def records(self, principal: str) -> bool:
+        """Whether ``principal``'s pushes are recorded: its ``record``, else
+        ``recording.enabled``."""
+        for entry in self.principals:
+            if entry.name == principal and entry.record is not None:
+                return entry.record
+        return self.recording.enabled
 
 
 SECTIONS: dict[str, type[Any]] = {  # in the reference's order
@@ -323,11 +501,18 @@ SECTIONS: dict[str, type[Any]] = {  # in the reference's order
     "limits": LimitsConfig,
     "pipeline": PipelineConfig,
     "wal": WalConfig,
+    "ice": IceConfig,
+    "recording": RecordingConfig,
+    "auth": AuthConfig,
+    "cluster": ClusterConfig,
 }
 PRINCIPAL_DOCS = {
     "name": "principal name (runs and events carry it)",
     "role": "publisher (own runs) or operator (all runs)",
     "token_sha256": "hex SHA-256 of the bearer token (whip-ingest token)",
+}
+PRINCIPAL_OPTIONAL_DOCS = {
+    "record": "record this principal's pushes, whatever recording.enabled says",
 }
 
 
@@ -366,8 +551,17 @@ def parse_principals(raw: object, source: str) -> tuple[PrincipalConfig, ...]:
     result: list[PrincipalConfig] = []
     for number, entry in enumerate(raw, start=1):
         problem = None
-        if set(entry) != set(PRINCIPAL_DOCS):
-            problem = f"needs exactly the keys {', '.join(PRINCIPAL_DOCS)}, got {sorted(entry)}"
+        if (
+            not set(PRINCIPAL_DOCS)
+            <= set(entry)
+            <= set(PRINCIPAL_DOCS) | set(PRINCIPAL_OPTIONAL_DOCS)
+        ):
+            problem = (
+                f"needs exactly the keys {', '.join(PRINCIPAL_DOCS)} "
+                f"(and optionally {', '.join(PRINCIPAL_OPTIONAL_DOCS)}), got {sorted(entry)}"
+            )
+        elif not isinstance(entry.get("record", False), bool):
+            problem = "record must be a boolean"
         elif not isinstance(entry["name"], str) or not is_principal_name(entry["name"]):
             problem = f"name must be {PRINCIPAL_RULE}"
         elif entry["name"] == ANONYMOUS:
@@ -385,8 +579,20 @@ def parse_principals(raw: object, source: str) -> tuple[PrincipalConfig, ...]:
         if problem is not None:
             key = f"principals[{number}]"
             raise ConfigError(f"{where} #{number}: {problem}", key=key, source=source)
-        result.append(PrincipalConfig(entry["name"], entry["role"], entry["token_sha256"].lower()))
+        result.append(
+            PrincipalConfig(
+                entry["name"], entry["role"], entry["token_sha256"].lower(), entry.get("record")
+            )
+        )
     return tuple(result)
+
+
+def parse_webhook_entries(raw: object, source: str) -> tuple[WebhookConfig, ...]:
+    """The ``[[webhooks]]`` array of ``source`` (rules: :mod:`whip.webhooks.config`)."""
+    try:
+        return parse_webhooks(raw)
+    except WebhookEntryError as exc:
+        raise ConfigError(f"{source} [[webhooks]] {exc}", key=exc.key, source=source) from None
 
 
 def check_whole(config: Config, source_of: Callable[[str], str]) -> None:
@@ -397,11 +603,12 @@ def check_whole(config: Config, source_of: Callable[[str], str]) -> None:
         source = source_of(dotted)
         return ConfigError(f"{dotted} ({source}): {message}", key=dotted, source=source)
 
+    check_auth(config.auth, refuse)
     host = config.server.host
     if config.anonymous and not is_loopback(host):
         raise refuse(
             "server.host",
-            f"{host!r} is not loopback and no [[principals]] are "
+            f"{host!r} is not loopback and no [[principals]], JWKS or auth hook are "
             "configured: refusing to serve without authentication",
         )
     pipeline, limits = config.pipeline, config.limits
@@ -420,3 +627,25 @@ def check_whole(config: Config, source_of: Callable[[str], str]) -> None:
         )
     if config.wal.max_record_bytes > config.wal.segment_bytes:
         raise refuse("wal.max_record_bytes", "is larger than wal.segment_bytes")
+    cluster = config.cluster
+    if cluster.enabled and len(cluster.secret) < 16:
+        # Blame what was set: the secret if it was given, else the store that needs it.
+        given = source_of("cluster.secret") != "default"
+        raise refuse(
+            "cluster.secret" if given else "cluster.store",
+            "cluster mode needs a shared secret of at least 16 characters "
+            "(node-to-node requests are authenticated with it)",
+        )
+    if cluster.enabled and (config.recording.enabled or any(p.record for p in config.principals)):
+        raise refuse(
+            "recording.enabled" if config.recording.enabled else "cluster.store",
+            "recording is not available in cluster mode yet (its index and recovery read "
+            "the embedded timeline)",
+        )
+    ice = config.ice
+    if (ice.port_min, ice.port_max) != (0, 0) and not 1 <= ice.port_min <= ice.port_max:
+        raise refuse(
+            "ice.port_min",
+            f"the range {ice.port_min}..{ice.port_max} is neither 0/0 (any port) nor "
+            "1 <= port_min <= port_max",
+        )

@@ -1,4 +1,5 @@
-"""Checks of single values: addresses, networks, ICE server URLs, processor specs.
+"""Checks of single values: addresses, networks, ICE server URLs, processor specs, the
+video codec preference list.
 
 Rules:
 
@@ -84,6 +85,15 @@ def check_processors(processors: tuple[str, ...]) -> None:
     for spec in processors:
         if not _PROCESSOR.fullmatch(spec):
             raise InvalidValue(f"{spec!r} is not 'package.module:attribute'")
+
+
+def check_video_codecs(codecs: tuple[str, ...]) -> None:
+    """A preference list: at least one format, none twice."""
+    if not codecs:
+        raise InvalidValue("must name at least one video codec")
+    twice = sorted({c for c in codecs if codecs.count(c) > 1})
+    if twice:
+        raise InvalidValue(f"lists {', '.join(twice)} more than once")
 
 
 @dataclass(frozen=True, slots=True)

@@ -74,6 +74,8 @@ from aiortc.rtcrtpreceiver import NackGenerator
 from aiortc.rtp import RTP_HISTORY_SIZE, RtpPacket
 from aiortc.utils import uint16_add, uint16_gt
 
+from whip.rtc.source_text import source_text
+
 logger = logging.getLogger(__name__)
 
 SRTP_MAX_DATAGRAM = 1500
@@ -252,11 +254,7 @@ def internals_problems() -> list[str]:
         if not ok:
             problems.append(what)
 
-    def source(obj: object) -> str:
-        try:
-            return inspect.getsource(obj)  # type: ignore[arg-type]
-        except (OSError, TypeError):
-            return ""
+    source = source_text
 
     ice = aiortc.rtcicetransport.RTCIceTransport
     need("self._recv = self._connection.recv" in source(ice.__init__), "RTCIceTransport._recv")

@@ -24,6 +24,10 @@ check is :func:`whip.rtc.compat.check_internals`):
 - ours, added to the receiver: ``_whip_ingest_tap`` (the :class:`ReceiverTap`; a second
   :func:`install_tap` on the same receiver is refused)
 
+Payload formats: given ``formats`` (:class:`whip.rtc.depayload.PayloadFormats`), the
+``receive(parameters)`` wrapper binds one depacketizer per codec of ours to the receive
+parameters' codecs before aiortc's body runs, so the first packet already goes through it.
+
 Threads: the tap and its sink run on the event loop thread.
 """
 
@@ -32,13 +36,15 @@ from __future__ import annotations
 import inspect
 import logging
 import threading
-from collections.abc import Callable, Coroutine
+from collections.abc import Callable, Coroutine, Iterable
 from typing import Any
 
 import aiortc.jitterbuffer
 import aiortc.rtcrtpreceiver
 
+from whip.rtc.depayload import PayloadFormats
 from whip.rtc.rtp_guard import RtpGuard, guard_receiver
+from whip.rtc.rtp_timestamps import install_frame_timestamps
 
 logger = logging.getLogger(__name__)
 
@@ -200,6 +206,8 @@ class ReceiverTap:
         self.stand_in = _NoThread(f"{self.kind}-decoder (tapped: no thread)")
         self.guard: RtpGuard | None = None
         """The receiver's transport guard (:mod:`whip.rtc.rtp_guard`), set by install_tap."""
+        self.formats: PayloadFormats | None = None
+        """The receiver's depacketizers (:mod:`whip.rtc.depayload`), when it has any."""
         self.frames = 0
         self.sink_errors = 0
         self.receiving = False
@@ -242,6 +250,8 @@ class ReceiverTap:
         self, original: Callable[[Any], Coroutine[Any, Any, None]], params: Any
     ) -> None:
         try:
+            if self.formats is not None and not getattr(self.receiver, _STARTED, False):
+                self.formats.bind(params.codecs)
             coro = original(params)
             with _SWAP_LOCK:
                 module = aiortc.rtcrtpreceiver
@@ -289,6 +299,7 @@ def install_tap(
     *,
     on_end: Callable[[], object] | None = None,
     on_error: Callable[[BaseException], object] | None = None,
+    formats: PayloadFormats | None = None,
 ) -> ReceiverTap:
     """Hook ``receiver`` (an ``RTCRtpReceiver``) so its encoded frames go to ``sink``.
 
@@ -305,7 +316,10 @@ def install_tap(
     stops the receiver from starting). The owner should treat it as a session fault.
     The RemoteStreamTrack never gets a frame: nobody may ``recv()`` a tapped track.
     The receiver and its DTLS transport are also guarded against hostile RTP
-    (:func:`whip.rtc.rtp_guard.guard_receiver`; the counters are ``tap.guard``).
+    (:func:`whip.rtc.rtp_guard.guard_receiver`; the counters are ``tap.guard``), and its
+    frame timestamps keep B-frames in order (:mod:`whip.rtc.rtp_timestamps`).
+    ``formats`` are bound to the receive parameters when aiortc calls ``receive()``
+    (module doc); ``sink`` should then be ``formats.framing(...)``.
 
     Raises :class:`TapNotInstalledError` if the receiver already started or is already
     tapped. Whether aiortc's internals still have the shape relied on here is checked once,
@@ -317,6 +331,8 @@ def install_tap(
         raise TapNotInstalledError("receiver already started: tap it before it connects")
     tap = ReceiverTap(receiver, sink, on_end, on_error)
     tap.guard = guard_receiver(receiver)
+    install_frame_timestamps(receiver)
+    tap.formats = formats
     original = receiver.receive
 
     async def receive(parameters: Any) -> None:
@@ -326,3 +342,18 @@ def install_tap(
     receiver.receive = receive
     setattr(receiver, _TAP_MARK, tap)
     return tap
+
+
+def payload_errors_of(receivers: Iterable[Any]) -> dict[str, dict[str, int]]:
+    """The refused packets and frames of ``receivers``' depacketizers, summed: codec name
+    -> reason -> count (:meth:`whip.rtc.depayload.PayloadFormats.errors`)."""
+    found: dict[str, dict[str, int]] = {}
+    for receiver in receivers:
+        tap = getattr(receiver, _TAP_MARK, None)
+        if not isinstance(tap, ReceiverTap) or tap.formats is None:
+            continue
+        for codec, reasons in tap.formats.errors().items():
+            into = found.setdefault(codec, {})
+            for reason, count in reasons.items():
+                into[reason] = into.get(reason, 0) + count
+    return found

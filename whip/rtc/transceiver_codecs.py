@@ -17,7 +17,13 @@ from typing import Any
 import aiortc
 import aiortc.rtcpeerconnection
 
-from whip.sdp import OfferSummary
+from whip.sdp import OfferSummary, SectionPlan
+
+
+def plan_of(transceiver: Any, summary: OfferSummary) -> SectionPlan | None:
+    """The plan of ``transceiver``'s offered section (by ``_get_mline_index()``)."""
+    index = transceiver._get_mline_index()
+    return next((p for p in summary.sections if p.index == index), None)
 
 
 def restrict_codecs(transceiver: Any, summary: OfferSummary) -> bool:
@@ -33,18 +39,35 @@ def restrict_codecs(transceiver: Any, summary: OfferSummary) -> bool:
     ``RTCRtpTransceiver.setCodecPreferences`` cannot do this here: aiortc applies
     preferences inside ``setRemoteDescription``, which also creates the transceiver.
 
-    The list keeps aiortc's order (the offer's); the plan's payload types it lacks are
-    left out, as :func:`whip.sdp.finalize_answer` leaves them out of the answer.
+    The list takes the plan's order (for video the server's preference, so the answer
+    lists the preferred format first), each RTX right after the format it repairs; the
+    plan's payload types aiortc lacks are left out, as :func:`whip.sdp.finalize_answer`
+    leaves them out of the answer. A video format's parameters become the plan's answer
+    fmtp (:attr:`whip.sdp.SectionPlan.answer_params`): aiortc would answer with its own
+    table's (``profile-level-id=42001f`` for any H.264), where RFC 7798 and the AV1 and
+    H.264 payload formats want the offer's profile reflected.
     Touches ``RTCRtpTransceiver._codecs`` and ``._get_mline_index()`` (the offer's
     section index, as :attr:`whip.sdp.SectionPlan.index`).
     """
-    index = transceiver._get_mline_index()
-    plan = next((p for p in summary.sections if p.index == index), None)
+    plan = plan_of(transceiver, summary)
     if plan is None or not plan.accepted:
         return False
-    keep = {*plan.payload_types, *plan.rtx_payload_types}
-    codecs = [c for c in transceiver._codecs if c.payloadType in keep]
-    if not any(c.payloadType in plan.payload_types for c in codecs):
+    have = {c.payloadType: c for c in transceiver._codecs}
+    answers = dict(zip(plan.payload_types, plan.answer_params, strict=False))
+    codecs = []
+    for payload_type in plan.payload_types:
+        codec = have.get(payload_type)
+        if codec is None:
+            continue
+        if payload_type in answers:
+            codec.parameters = dict(answers[payload_type])
+        codecs.append(codec)
+        codecs.extend(
+            have[rtx]
+            for rtx in plan.rtx_payload_types
+            if rtx in have and str(have[rtx].parameters.get("apt")) == str(payload_type)
+        )
+    if not codecs:
         return False
     transceiver._codecs = codecs
     return True

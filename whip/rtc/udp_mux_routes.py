@@ -52,7 +52,8 @@ Rules:
   stops matching at once (a Binding request naming it is "unknown ufrag", from any
   address), and every address already learned stays routed to the session.
 - **Threads.** The table is used from the event loop thread only. :class:`UdpMuxCounters`
-  are plain ints written by that thread and readable from any thread (``/metrics``).
+  are plain ints written by that thread and readable from any thread (``/metrics``);
+  several tables of one loop may share one set (``counters=``).
 """
 
 from __future__ import annotations
@@ -178,12 +179,16 @@ class UdpMuxRoutes[H: Hashable]:
         *,
         max_addresses: int = DEFAULT_MAX_ADDRESSES,
         max_addresses_per_session: int = DEFAULT_MAX_ADDRESSES_PER_SESSION,
+        counters: UdpMuxCounters | None = None,
     ) -> None:
+        """``counters``: where this table counts (shared by several tables when given:
+        the per-session sockets of ``ice.udp_mux = false`` each have a table and report
+        one set of figures); a new set otherwise."""
         if max_addresses < 1 or max_addresses_per_session < 1:
             raise ValueError("the address caps must be at least 1")
         self.max_addresses = max_addresses
         self.max_addresses_per_session = max_addresses_per_session
-        self.counters = UdpMuxCounters()
+        self.counters = UdpMuxCounters() if counters is None else counters
         self._learned: OrderedDict[Address, _Session[H]] = OrderedDict()
         self._by_ufrag: dict[bytes, _Session[H]] = {}
         self._by_handle: dict[H, _Session[H]] = {}

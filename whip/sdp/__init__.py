@@ -4,13 +4,15 @@
   descriptions and the answer plan (:class:`OfferSummary`).
 - :mod:`whip.sdp.parse`: the parsing rules (:func:`parse_offer`).
 - :mod:`whip.sdp.offer_policy`: which sections and codecs are accepted
-  (:func:`check_offer`, :func:`plan_offer`).
+  (:func:`check_offer`, :func:`plan_offer`); :mod:`whip.sdp.codec_rules`: which video
+  formats and fmtp the pipeline decodes, and the fmtp the answer gives each.
 - :mod:`whip.sdp.answer`: the answer trimmed to the plan (:func:`finalize_answer`).
 
 The names callers use are re-exported here.
 """
 
 from whip.sdp.answer import add_host_candidates, finalize_answer
+from whip.sdp.codec_rules import VIDEO_CODEC_NAMES, VideoCodecName
 from whip.sdp.model import (
     AnswerMismatchError,
     Codec,
@@ -28,6 +30,7 @@ from whip.sdp.model import (
 )
 from whip.sdp.offer_policy import (
     CONTENT_TYPE,
+    DEFAULT_VIDEO_CODECS,
     H264_PROFILES,
     RECEIVABLE_PROTOS,
     check_content_type,
@@ -40,8 +43,10 @@ from whip.sdp.parse import DEFAULT_MAX_BYTES, decode_body, parse_description, pa
 __all__ = [
     "CONTENT_TYPE",
     "DEFAULT_MAX_BYTES",
+    "DEFAULT_VIDEO_CODECS",
     "H264_PROFILES",
     "RECEIVABLE_PROTOS",
+    "VIDEO_CODEC_NAMES",
     "AnswerMismatchError",
     "Codec",
     "Direction",
@@ -55,6 +60,7 @@ __all__ = [
     "TooManyTracksError",
     "UnprocessableOfferError",
     "UnsupportedMediaTypeError",
+    "VideoCodecName",
     "add_host_candidates",
     "check_content_type",
     "check_offer",

@@ -116,10 +116,13 @@ class SectionPlan:
     kind: str
     mid: str | None
     accepted: bool
-    payload_types: tuple[int, ...] = ()  # receivable codecs, offer preference order
+    payload_types: tuple[int, ...] = ()  # receivable codecs, in the answer's order
     rtx_payload_types: tuple[int, ...] = ()
     codecs: tuple[Codec, ...] = ()  # the codecs of payload_types
     reason: str | None = None  # why rejected
+    answer_params: tuple[tuple[tuple[str, str], ...], ...] = ()
+    """Video: the answer's fmtp for each of ``codecs`` (:mod:`whip.sdp.codec_rules`);
+    empty for audio (the media stack's own answer stands)."""
 
     @property
     def chosen(self) -> Codec | None:
