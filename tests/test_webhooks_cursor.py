@@ -272,6 +272,10 @@ async def test_a_server_start_forgets_the_cursors_of_webhooks_no_longer_configur
         await server.close()
         history.append(sorted(saved()))
     assert history == [["audit", "billing", "crm"], ["crm"], []]
+    # With no webhook, a file that is not a cursor file is left alone, not a refused start.
+    cursors.write_text("garbage")
+    await (await whip_servers(server__data_dir=str(data_dir))).close()
+    assert cursors.read_text() == "garbage"
 
 
 async def test_forget_keeps_the_configured_cursors_whole(tmp_path: Path) -> None:

@@ -21,8 +21,8 @@ Rules:
   embedded, their entries in the cursor file
   (:func:`~whip.webhooks.cursor.forget_unconfigured`); cluster mode, their rows in the store
   when no live node delivers them (:mod:`whip.webhooks.cluster_service`). This holds with
-  no webhook configured too (then without a delivery thread; in cluster mode a store that
-  does not answer is logged, not fatal: the next start forgets them).
+  no webhook configured too (then without a delivery thread; a store that does not answer,
+  or a cursor file that is not one, is logged, not fatal: nothing reads them then).
 - A start that fails half-way closes the dispatchers it started, then re-raises (a
   cursor file that is not one refuses the start: :class:`~whip.webhooks.cursor.CursorFileError`).
 - Metrics are read at scrape time from the deliverers, on the server's loop, through
@@ -46,7 +46,7 @@ from prometheus_client.registry import Collector
 from registry.feed import FeedSubscription
 from registry.timeline import Timeline
 from whip.appkeys import CLUSTER_KEY, CONFIG_KEY, REGISTRY_KEY, TIMELINE_KEY, WEBHOOKS_KEY
-from whip.webhooks.cursor import FileCursorStore, forget_unconfigured
+from whip.webhooks.cursor import CursorFileError, FileCursorStore, forget_unconfigured
 from whip.webhooks.delivery import OUTCOMES
 from whip.webhooks.delivery_thread import DeliveryThread
 from whip.webhooks.dispatcher import WebhookDispatcher
@@ -187,7 +187,10 @@ async def _forget_all(app: web.Application) -> None:
     """No webhook configured: forget those a previous start had (module rules)."""
     config = app[CONFIG_KEY]
     if not config.cluster.enabled:
-        await forget_unconfigured(FileCursorStore(config.server.data_dir / "webhooks"), ())
+        try:
+            await forget_unconfigured(FileCursorStore(config.server.data_dir / "webhooks"), ())
+        except CursorFileError as exc:  # nothing reads it while no webhook is configured
+            logger.warning("webhooks: %s; left as it is", exc)
         return
     from whip.webhooks.cluster_service import CLOSE_ERRORS, forget_unconfigured_in_store
 
