@@ -1,6 +1,6 @@
 """Three real node processes on one real PostgreSQL: the issue's "What must hold" end to end.
 
-The nodes are ``python -m whip serve`` processes (bench/support/server_process.py, PIDs
+The nodes are ``python -m whip serve`` processes (tests/support/cluster_nodes.py: PIDs
 recorded, only they are signalled) in cluster mode on one database, lease 4 s, anonymous
 mode on loopback, ``stream_limit`` 4 (and 4 sessions per node). The POSTs carry one aiortc
 offer made once: a 201 needs the answer, not a connected peer (the connect deadline is
@@ -25,19 +25,26 @@ raised past the module's life), which keeps 300 POSTs cheap. Proved once each:
 from __future__ import annotations
 
 import asyncio
-import os
 import time
 from collections import Counter
 from collections.abc import AsyncIterator, Iterator
-from dataclasses import dataclass
-from pathlib import Path
-from typing import NamedTuple
 
 import aiohttp
 import pytest
 
 from bench.support.publisher import AiortcPublisher
-from bench.support.server_process import ServerProcess, wait_ready
+from tests.support.cluster_nodes import (
+    LEASE_S,
+    NODE_IDS,
+    SECRET,
+    Cluster,
+    active_runs,
+    created,
+    events,
+    of_type,
+    post,
+    ready,
+)
 from tests.support.eventually import eventually
 from tests.support.postgres import PostgresServer
 from whip.auth import Principal, Role
@@ -48,60 +55,6 @@ from whip.cluster_node import (
     TIME_HEADER,
     carry_signature,
 )
-
-LEASE_S = 4.0
-STREAM_LIMIT = 4
-SECRET = "a-test-cluster-secret"
-NODE_IDS = ("n0", "n1", "n2")
-START_WITHIN_S = 120.0
-
-
-@dataclass
-class Cluster:
-    store: str
-    root: Path
-    nodes: dict[str, ServerProcess]
-    offer: str
-
-    def node_env(self, node_id: str) -> dict[str, str]:
-        return {
-            "WHIP_INGEST_CLUSTER_STORE": self.store,
-            "WHIP_INGEST_CLUSTER_NODE_ID": node_id,
-            "WHIP_INGEST_CLUSTER_LEASE_S": str(LEASE_S),
-            "WHIP_INGEST_CLUSTER_SECRET": SECRET,
-            "WHIP_INGEST_LIMITS_CONNECT_TIMEOUT_S": "300",
-        }
-
-    def start(self, node_id: str) -> ServerProcess:
-        proc = ServerProcess(
-            f"cluster-{node_id}",
-            self.root / node_id,
-            self.root / f"{node_id}-{len(os.listdir(self.root))}.log",
-            STREAM_LIMIT,
-            self.node_env(node_id),
-        )
-        self.nodes[node_id] = proc
-        return proc
-
-    def base(self, index: int) -> str:
-        return self.nodes[NODE_IDS[index]].base
-
-    def problems(self) -> str:
-        """The warnings and errors in every node's log (for a failure's message)."""
-        lines = []
-        for node_id, proc in self.nodes.items():
-            if not proc.log_path.exists():
-                continue
-            logged = proc.log_path.read_text(errors="replace").splitlines()
-            noted = [line for line in logged if " WARNING " in line or " ERROR " in line]
-            lines += [f"{node_id}: {line}" for line in noted[-20:]]
-        return "\n".join(lines) or "(no warning or error in the node logs)"
-
-
-async def ready(proc: ServerProcess) -> None:
-    """Readiness of a node process; a start-up bound for a loaded machine (an import of
-    the server takes 2 s of CPU, and 20 s of wall time at a load of 14 on 2 cores)."""
-    await wait_ready(proc.base, proc.proc.poll, START_WITHIN_S)
 
 
 @pytest.fixture(scope="module")
@@ -141,51 +94,6 @@ async def cluster(cluster_processes: Cluster) -> AsyncIterator[Cluster]:
             return not await active_runs(http, base)
 
         await eventually(none_active, within=30, awaiting="the left-over runs to end")
-
-
-class Posted(NamedTuple):
-    status: int
-    location: str
-    run_id: str
-    code: str
-    """The error code of a refusal ("" for a 201)."""
-
-
-async def post(http: aiohttp.ClientSession, url: str, offer: str) -> Posted:
-    async with http.post(url, data=offer, headers={"Content-Type": "application/sdp"}) as answer:
-        code = ""
-        if answer.status != 201:
-            code = (await answer.json())["error"]["code"]
-        return Posted(
-            answer.status,
-            answer.headers.get("Location", ""),
-            answer.headers.get("X-Run-Id", ""),
-            code,
-        )
-
-
-async def created(http: aiohttp.ClientSession, url: str, cluster: Cluster) -> Posted:
-    """A POST that must be accepted (the refusal and the node logs otherwise)."""
-    answer = await post(http, url, cluster.offer)
-    assert answer.status == 201, f"{answer}\n{cluster.problems()}"
-    return answer
-
-
-async def events(http: aiohttp.ClientSession, base: str, run_id: str) -> list[dict[str, object]]:
-    async with http.get(f"{base}/v1/runs/{run_id}/events", params={"limit": "1000"}) as answer:
-        assert answer.status == 200, await answer.text()
-        items: list[dict[str, object]] = (await answer.json())["items"]
-        return items
-
-
-def of_type(items: list[dict[str, object]], etype: str) -> list[dict[str, object]]:
-    return [item for item in items if item["type"] == etype]
-
-
-async def active_runs(http: aiohttp.ClientSession, base: str) -> list[str]:
-    async with http.get(f"{base}/v1/runs", params={"limit": "1000"}) as answer:
-        runs = (await answer.json())["items"]
-    return [r["id"] for r in runs if r["state"] in ("starting", "live", "stopping")]
 
 
 async def test_stream_limit_is_exact_over_three_nodes_and_session_urls_work_anywhere(

@@ -10,7 +10,11 @@ same ``webhook-id``; a node fenced by its lease's end stops delivering and the w
 claimed once more; a 410 disables the webhook durably (a restarted deliverer stays
 disabled, another URL re-enables it); and two in-process cluster servers with the webhook
 configured deliver through one of them while ``GET /v1/webhooks`` on both names it; a
-NOTIFY of new events wakes the deliverer long before its poll. Leases are 4 s (a loaded
+NOTIFY of new events wakes the deliverer long before its poll; the cursor rows of 60 runs
+come back down to the 10 not deleted once the deleted ones are delivered (and an orphan's
+goes too), and a restart after that prune sends nothing again and skips nothing; a webhook
+no longer configured is forgotten (its cursors with it) only once no live node can deliver
+it. Leases are 4 s (a loaded
 machine must not fence a node by accident), polls 0.1 s
 (the servers': a quarter of the lease).
 """
@@ -29,8 +33,9 @@ import pytest
 from aiohttp.test_utils import TestServer
 
 from registry.events import EventType, NewEvent
+from registry.pg.batches import FencedError
 from registry.pg.timeline import ClusterTimeline, ClusterTimelineConfig
-from registry.pg.webhook_store import WebhookStore
+from registry.pg.webhook_store import DeliveryLeaseLostError, Outcome, WebhookStore
 from tests.support.eventually import eventually
 from tests.support.webhook_receivers import Endpoint, Receivers
 from whip.appkeys import CLUSTER_KEY
@@ -379,3 +384,126 @@ async def test_a_notify_wakes_the_deliverer_long_before_its_poll(
         )
     finally:
         await group.aclose()
+
+
+async def cursor_rows(store: WebhookStore, name: str) -> int:
+    return (await store.row_counts()).get(name, 0)
+
+
+async def test_cursor_rows_of_deleted_delivered_runs_are_pruned_and_a_restart_sends_nothing(
+    cluster_store: str, nodes: NodeFactory, receivers: Receivers
+) -> None:
+    node = await nodes("a")
+    endpoint = receivers.add("prune", new_secret())
+    config = webhook("prune", receivers.url("/ok/prune"), endpoint.secret)
+    first = await node.deliver(config)
+    first.prune_s = 0.0  # prune at every tick
+    await eventually(lambda: first.delivering, within=20, awaiting="the lease")
+
+    # 60 runs made, then 50 of them deleted (run_deleted is wanted: it is delivered first).
+    runs = [f"r{i:02d}" for i in range(60)]
+    for run_id in runs:
+        await push(node, run_id, EventType.RUN_CREATED, "stats")
+    await eventually(
+        lambda: len(endpoint.first_ids()) == 60, within=30, awaiting="every run_created"
+    )
+
+    async def saved(count: int) -> bool:
+        return await cursor_rows(node.store, "prune") >= count
+
+    await eventually(lambda: saved(60), within=20, awaiting="a cursor row per run")
+    deleted = runs[:50]
+    for run_id in deleted:
+        await node.timeline.delete_run(run_id, "studio-a")
+    expected = await wanted_ids(node, config, runs)
+    assert len(expected) == 60 + 50
+
+    async def pruned() -> int | None:
+        rows = await cursor_rows(node.store, "prune")
+        return rows if rows == 10 and set(endpoint.first_ids()) == set(expected) else None
+
+    # The row count comes back down to the runs that are not deleted.
+    await eventually(
+        pruned,
+        within=30,
+        awaiting=lambda: f"the deleted runs' rows pruned, {endpoint.first_ids()[-3:]}",
+    )
+    assert first.pruned >= 50
+    conn = await asyncpg.connect(cluster_store)
+    try:
+        folded = await conn.fetchval("SELECT count(*) FROM whip_runs WHERE webhook_done ? 'prune'")
+        # A row of a run that is no longer in the store (retention evicted it) goes too.
+        await conn.execute(
+            "INSERT INTO whip_webhook_cursors (webhook, run_id, done_seq)"
+            " VALUES ('prune', 'gone', 7)"
+        )
+    finally:
+        await conn.close()
+    assert folded == 50
+
+    async def orphan_gone() -> bool:
+        return await cursor_rows(node.store, "prune") == 10
+
+    await eventually(orphan_gone, within=20, awaiting="the orphan row pruned")
+    await first.aclose()
+    assert {d.msg_id for d in endpoint.delivered} == set(expected)
+
+    # A restart after the prune sends nothing again, and skips nothing: new events of a
+    # live run, of a new run, and a late one of a pruned deleted run are all delivered.
+    delivered_before = len(endpoint.delivered)
+    again = await node.deliver(config)
+    await eventually(lambda: again.delivering, within=20, awaiting="the lease again")
+    await push(node, "r55", EventType.STOP_REQUESTED)
+    await push(node, "fresh", EventType.RUN_CREATED)
+    await push(node, "r03", EventType.SESSION_CLOSED)  # after its run_deleted, after a prune
+    new = {"r55:3", "fresh:1", "r03:4"}
+    await eventually(
+        lambda: set(endpoint.first_ids()) >= new,
+        within=20,
+        awaiting=lambda: f"the three new events, got {endpoint.first_ids()[delivered_before:]}",
+    )
+    assert sorted(d.msg_id for d in endpoint.delivered[delivered_before:]) == sorted(new)
+
+
+async def test_a_webhook_no_longer_configured_is_forgotten_unless_a_live_node_delivers_it(
+    cluster_store: str, nodes: NodeFactory, receivers: Receivers
+) -> None:
+    a, b = await nodes("a"), await nodes("b")
+    endpoint = receivers.add("kept", new_secret())
+    kept = webhook("kept", receivers.url("/ok/kept"), endpoint.secret)
+    old = webhook("old", receivers.url("/ok/kept"), endpoint.secret)
+    await push(a, "r1", EventType.RUN_CREATED)
+    on_a = await a.deliver(old)  # registered with a cursor row for r1
+    await eventually(lambda: on_a.delivering, within=20, awaiting="a delivers 'old'")
+    assert await cursor_rows(a.store, "old") == 1
+
+    # Node b starts without 'old' while node a delivers it, or while node a's lease (which
+    # its delivery lease rides on) lives after its deliverer stopped: nothing is forgotten.
+    lease = on_a.lease
+    assert lease is not None
+    assert await b.store.forget(["kept"]) == []
+    await on_a.abandon()
+    assert await b.store.forget(["kept"]) == []
+    assert await b.store.describe("old") is not None
+
+    # Node a's lease ends (as after a SIGKILL): node b forgets 'old', its cursors with it,
+    # and node a's old delivery lease can write nothing more.
+    conn = await asyncpg.connect(cluster_store)
+    try:
+        await conn.execute(
+            "UPDATE whip_nodes SET lease_expires_at = clock_timestamp() - interval '1 second'"
+            " WHERE node_id = 'a'"
+        )
+    finally:
+        await conn.close()
+    assert await b.store.forget(["kept"]) == ["old"]
+    assert await b.store.describe("old") is None
+    assert await cursor_rows(b.store, "old") == 0
+    with pytest.raises((DeliveryLeaseLostError, FencedError)):
+        await b.store.save("old", lease, {"r1": 1}, Outcome(204, None, 1, 1))
+    assert await cursor_rows(b.store, "old") == 0
+
+    # The configured one is kept and delivered.
+    on_b = await b.deliver(kept)
+    assert await b.store.forget(["kept"]) == []
+    await eventually(lambda: on_b.delivering, within=20, awaiting="b delivers 'kept'")

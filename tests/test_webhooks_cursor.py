@@ -1,17 +1,20 @@
 """The webhook cursor: the ledger never passes an undone event, whatever the interleaving
 of parallel runs and crashes; the file store replaces atomically; the timeline's feed
 names every run of every batch; a 410 mark is saved with the cursor and outlives a
-restart until another URL is configured."""
+restart until another URL is configured; a start forgets the cursors of webhooks no
+longer configured, and only those."""
 
 from __future__ import annotations
 
 import asyncio
 import base64
 import random
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 
+import orjson
 import pytest
+from aiohttp.test_utils import TestServer
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -247,3 +250,47 @@ async def test_a_410_stays_disabled_across_a_restart_until_another_url(
         for group in groups:
             await group.aclose()  # idempotent
         await receivers.close()
+
+
+async def test_a_server_start_forgets_the_cursors_of_webhooks_no_longer_configured(
+    tmp_path: Path, whip_servers: Callable[..., Awaitable[TestServer]]
+) -> None:
+    data_dir = tmp_path / "shared"
+    cursors = data_dir / "webhooks" / FileCursorStore.FILE_NAME
+    secret = "whsec_" + base64.b64encode(b"k" * 32).decode()
+
+    def entries(*names: str) -> list[dict[str, str]]:
+        return [{"name": n, "url": "http://127.0.0.1:9/hook", "secret": secret} for n in names]
+
+    def saved() -> dict[str, object]:
+        webhooks: dict[str, object] = orjson.loads(cursors.read_bytes())["webhooks"]
+        return webhooks
+
+    history = []
+    for names in (("crm", "billing", "audit"), ("crm",), ()):
+        server = await whip_servers(webhooks=entries(*names), server__data_dir=str(data_dir))
+        await server.close()
+        history.append(sorted(saved()))
+    assert history == [["audit", "billing", "crm"], ["crm"], []]
+    # With no webhook, a file that is not a cursor file is left alone, not a refused start.
+    cursors.write_text("garbage")
+    await (await whip_servers(server__data_dir=str(data_dir))).close()
+    assert cursors.read_text() == "garbage"
+
+
+async def test_forget_keeps_the_configured_cursors_whole(tmp_path: Path) -> None:
+    store = FileCursorStore(tmp_path / "webhooks", flush_interval_s=0.05)
+    await store.save("crm", CursorState(8, (9, 12)))
+    await store.save("old", CursorState(3))
+    again = FileCursorStore(tmp_path / "webhooks")
+    assert await again.forget({"crm", "never-saved"}) == ["old"]
+    assert await again.forget({"crm"}) == []  # nothing more: no write
+    reread = FileCursorStore(tmp_path / "webhooks")
+    assert (await reread.load("crm"), await reread.load("old")) == (CursorState(8, (9, 12)), None)
+    with pytest.raises(RuntimeError, match="before any save"):
+        pending = asyncio.create_task(reread.save("crm", CursorState(9)))
+        await asyncio.sleep(0)  # the save is pending in its group
+        try:
+            await reread.forget({"crm"})
+        finally:
+            await pending

@@ -31,7 +31,8 @@ Version 2 adds indexes only: the runs listing's keyset order (with and without a
 principal) and the deleted runs in deletion order (retention, :mod:`registry.pg.retention`).
 Version 3, tables: ``whip_webhooks`` (a webhook's delivery lease, durable 410 mark and
 last outcome) and ``whip_webhook_cursors`` (its cursor, one row per run), described in
-:mod:`registry.pg.webhook_store`.
+:mod:`registry.pg.webhook_store`. Version 4 adds ``whip_runs.webhook_done``: the cursors of
+a deleted run pruned from ``whip_webhook_cursors`` (same module).
 """
 
 from __future__ import annotations
@@ -139,6 +140,12 @@ MIGRATIONS: tuple[str, ...] = (
         done_seq bigint NOT NULL,
         PRIMARY KEY (webhook, run_id)
     );
+    """,
+    # 4: pruned webhook cursors (registry/pg/webhook_store.py): a deleted run's cursor row,
+    # once fully delivered, is folded into the run row (webhook name -> done seq) and
+    # removed; the fold goes with the run row when retention evicts it.
+    """
+    ALTER TABLE whip_runs ADD COLUMN webhook_done jsonb NOT NULL DEFAULT '{}'::jsonb;
     """,
 )
 """Forward migrations, oldest first (append only; never edit a released one)."""

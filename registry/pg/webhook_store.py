@@ -23,6 +23,36 @@ The cursor rule (why no committed event is ever skipped):
   at ``last_seq`` for every run that exists; runs created after (or not yet committed) have
   no row and are delivered from their first event.
 
+Pruning (the cursor rows do not grow with every run ever deleted):
+
+- A run's cursor for a webhook is ``GREATEST(done_seq of its row, whip_runs.webhook_done
+  ->> webhook, 0)``. :meth:`WebhookStore.prune` takes the rows of *deleted* runs whose
+  ``done_seq`` reached the run's ``last_seq`` (every event done, its ``run_deleted``
+  included: delivered if the webhook wants it), writes each ``done_seq`` into the run row's
+  ``webhook_done`` (webhook name -> seq) and deletes the cursor row, in one transaction: the
+  cursor it stood for never goes back, so a restart after a prune delivers nothing again.
+  Without the fold, a deleted run without a row would read as "nothing done" and be sent
+  again. An event appended to the run later (a session still closing) is above the folded
+  seq and is delivered; its row is made again and pruned again.
+- The fold lives in the run row, so it is bounded as the deleted runs are: retention
+  (:mod:`registry.pg.retention`) evicts the row and the fold with it. Cursor rows whose run
+  row is gone (evicted before it was delivered) are deleted by the same prune: no run row,
+  nothing is behind.
+- Only the deliverer prunes, under its delivery lease (checked in the prune's transaction,
+  as a save is), so a prune never races a save of the same webhook. Run rows are locked
+  ``FOR UPDATE SKIP LOCKED``: a run a batch is writing right now is left for the next prune.
+- A webhook no longer configured (:meth:`WebhookStore.forget`, at a node's start, for the
+  names the node does not configure): its row is deleted, its cursor rows with it (ON
+  DELETE CASCADE), only when no live node holds its delivery lease, decided under the row
+  lock a claim takes (``FOR UPDATE``). It cannot race a deliverer: a live owner keeps the
+  row; a dead or fenced owner's next save finds no row (:class:`DeliveryLeaseLostError`);
+  a claim waits for the row lock and then finds no row. Its folds in ``webhook_done`` stay
+  until their runs are evicted (harmless: a seq that is done stays done; the same name
+  configured again starts at the cluster's end, at or above them). A name configured on
+  some nodes only is forgotten by a node without it whenever no live node delivers it, and
+  re-registered, at the cluster's end, by the next node that starts with it: configure the
+  same webhooks on every node.
+
 The delivery lease (exactly one node delivers a webhook at a time):
 
 - ``whip_webhooks`` has one row per webhook (keyed by its name; the URL is kept beside it)
@@ -51,7 +81,8 @@ URL stays disabled on every node, across restarts. Configuring another URL for t
 re-enables it (the mark is cleared by the first node that registers the new URL).
 
 Lock order: a transaction here locks at most the writer's ``whip_nodes`` row (``FOR KEY
-SHARE``) and then one ``whip_webhooks`` row; no other transaction of the cluster locks
+SHARE``), then one ``whip_webhooks`` row, then (a prune only) ``whip_runs`` rows with
+``SKIP LOCKED``, which never waits; no other transaction of the cluster locks
 ``whip_webhooks``, so these cannot deadlock with the group commit.
 
 Cancellation: every call is one statement or one transaction; a cancelled caller rolls it
@@ -79,6 +110,15 @@ __all__ = [
     "WebhookRow",
     "WebhookStore",
 ]
+
+PRUNE_BATCH = 1000
+"""Cursor rows one prune removes at most (it is called again while it finds a full batch)."""
+
+
+def _done(name: str) -> str:
+    """The SQL of a run's cursor for the webhook named by parameter ``name`` (module doc),
+    with ``r`` the run row and ``c`` the cursor row (or NULLs)."""
+    return f"GREATEST(COALESCE(c.done_seq, 0), COALESCE((r.webhook_done ->> {name})::bigint, 0))"
 
 
 class DeliveryLeaseLostError(RegistryError):
@@ -240,12 +280,13 @@ class WebhookStore:
         """``done_seq`` of each run (0 for a run without a row)."""
         async with self._pool.acquire() as conn:
             rows = await conn.fetch(
-                "SELECT run_id, done_seq FROM whip_webhook_cursors"
-                " WHERE webhook = $1 AND run_id = ANY($2::text[])",
+                f"SELECT r.run_id, {_done('$1')} AS done FROM whip_runs r"
+                " LEFT JOIN whip_webhook_cursors c ON c.webhook = $1 AND c.run_id = r.run_id"
+                " WHERE r.run_id = ANY($2::text[])",
                 name,
                 run_ids,
             )
-        found = {row["run_id"]: int(row["done_seq"]) for row in rows}
+        found = {row["run_id"]: int(row["done"]) for row in rows}
         return {run_id: found.get(run_id, 0) for run_id in run_ids}
 
     async def behind(self, name: str, limit: int) -> dict[str, int]:
@@ -253,9 +294,9 @@ class WebhookStore:
         run id -> ``done_seq``."""
         async with self._pool.acquire() as conn:
             rows = await conn.fetch(
-                "SELECT r.run_id, COALESCE(c.done_seq, 0) AS done FROM whip_runs r"
+                f"SELECT r.run_id, {_done('$1')} AS done FROM whip_runs r"
                 " LEFT JOIN whip_webhook_cursors c ON c.webhook = $1 AND c.run_id = r.run_id"
-                " WHERE r.last_seq > COALESCE(c.done_seq, 0)"
+                f" WHERE r.last_seq > {_done('$1')}"
                 " ORDER BY r.last_activity_ms, r.run_id LIMIT $2",
                 name,
                 limit,
@@ -305,6 +346,70 @@ class WebhookStore:
                 outcome.success_ms,
             )
 
+    async def prune(self, name: str, lease: DeliveryLease, limit: int = PRUNE_BATCH) -> int:
+        """Fold the cursor rows of fully delivered deleted runs into their run rows and
+        delete them, and delete the rows whose run is gone (module doc), at most ``limit``
+        of each, under the delivery lease; the rows removed. Raises
+        :class:`DeliveryLeaseLostError`, ``FencedError``."""
+        async with self._pool.acquire() as conn, conn.transaction():
+            await self._check_held(conn, name, lease)
+            folded = await conn.fetchval(
+                "WITH done AS ("
+                "  SELECT c.run_id, c.done_seq FROM whip_webhook_cursors c"
+                "  JOIN whip_runs r ON r.run_id = c.run_id"
+                "  WHERE c.webhook = $1 AND r.deleted_seq IS NOT NULL"
+                "  AND GREATEST(c.done_seq, COALESCE((r.webhook_done ->> $1)::bigint, 0))"
+                "  >= r.last_seq"
+                "  ORDER BY c.run_id LIMIT $2 FOR UPDATE OF r SKIP LOCKED"
+                "), folded AS ("
+                "  UPDATE whip_runs r SET webhook_done = r.webhook_done"
+                "  || jsonb_build_object($1::text, GREATEST(d.done_seq,"
+                "     COALESCE((r.webhook_done ->> $1)::bigint, 0)))"
+                "  FROM done d WHERE r.run_id = d.run_id RETURNING r.run_id"
+                "), gone AS ("
+                "  DELETE FROM whip_webhook_cursors c USING folded f"
+                "  WHERE c.webhook = $1 AND c.run_id = f.run_id RETURNING 1"
+                ") SELECT count(*) FROM gone",
+                name,
+                limit,
+            )
+            orphans = await conn.fetchval(
+                "WITH gone AS (DELETE FROM whip_webhook_cursors WHERE webhook = $1"
+                " AND run_id IN (SELECT c.run_id FROM whip_webhook_cursors c"
+                "  WHERE c.webhook = $1 AND NOT EXISTS"
+                "  (SELECT 1 FROM whip_runs r WHERE r.run_id = c.run_id) LIMIT $2)"
+                " RETURNING 1) SELECT count(*) FROM gone",
+                name,
+                limit,
+            )
+        return int(folded) + int(orphans)
+
+    async def forget(self, configured: list[str]) -> list[str]:
+        """Delete the webhooks not in ``configured`` that no live node delivers, their
+        cursor rows with them (module doc); the names forgotten."""
+        async with self._pool.acquire() as conn, conn.transaction():
+            rows = await conn.fetch(
+                "SELECT name FROM whip_webhooks w WHERE NOT (name = ANY($1::text[]))"
+                " ORDER BY name FOR UPDATE",
+                configured,
+            )
+            if not rows:
+                return []
+            gone = await conn.fetch(
+                "DELETE FROM whip_webhooks w WHERE name = ANY($1::text[])"
+                f" AND NOT {_LIVE_OWNER} RETURNING name",
+                [row["name"] for row in rows],
+            )
+        return sorted(row["name"] for row in gone)
+
+    async def row_counts(self) -> dict[str, int]:
+        """Cursor rows per webhook (operators, tests)."""
+        async with self._pool.acquire() as conn:
+            rows = await conn.fetch(
+                "SELECT webhook, count(*) AS n FROM whip_webhook_cursors GROUP BY webhook"
+            )
+        return {row["webhook"]: int(row["n"]) for row in rows}
+
     async def disable(self, name: str, lease: DeliveryLease, mark: DisabledMark) -> None:
         """Record the 410 mark under the delivery lease and give the lease up."""
         async with self._pool.acquire() as conn, conn.transaction():
@@ -326,12 +431,12 @@ class WebhookStore:
             row = await conn.fetchrow(
                 f"SELECT w.*, {_LIVE_OWNER} AS live,"
                 " (SELECT COALESCE(sum(last_seq), 0) FROM whip_runs) AS total,"
-                " (SELECT COALESCE(sum(LEAST(c.done_seq, r.last_seq)), 0) FROM whip_runs r"
-                "  JOIN whip_webhook_cursors c ON c.webhook = w.name AND c.run_id = r.run_id)"
-                "  AS done,"
+                f" (SELECT COALESCE(sum(LEAST({_done('w.name')}, r.last_seq)), 0)"
+                "  FROM whip_runs r LEFT JOIN whip_webhook_cursors c"
+                "  ON c.webhook = w.name AND c.run_id = r.run_id) AS done,"
                 " (SELECT count(*) FROM whip_runs r LEFT JOIN whip_webhook_cursors c"
                 "  ON c.webhook = w.name AND c.run_id = r.run_id"
-                "  WHERE r.last_seq > COALESCE(c.done_seq, 0)) AS behind"
+                f"  WHERE r.last_seq > {_done('w.name')}) AS behind"
                 " FROM whip_webhooks w WHERE w.name = $1",
                 name,
             )

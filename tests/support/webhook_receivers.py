@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import time
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -38,6 +39,8 @@ class Delivery:
     msg_id: str
     payload: dict[str, Any]
     body: bytes
+    received_at: float = field(default_factory=time.monotonic)
+    """``time.monotonic()`` when the request was verified (hand-over timings)."""
 
 
 @dataclass(slots=True)

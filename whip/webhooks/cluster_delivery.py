@@ -28,6 +28,11 @@ Rules (the store's side, the cursor rule and the lease, are in
   from any thread; :meth:`describe` may be awaited from any loop (it runs the store query on
   the owner loop).
 
+- Pruned as it goes: the owner calls :meth:`~registry.pg.webhook_store.WebhookStore.prune`
+  after a save, right after it takes the lease and then at most every ``prune_s``
+  (:data:`DEFAULT_PRUNE_S`), so the cursor rows of deleted runs that are fully delivered
+  (and of runs retention evicted) do not stay forever; the rule is the store's.
+
 - Woken early by :meth:`ClusterWebhookDeliverer.wake` (a NOTIFY of new events, from
   :mod:`whip.webhooks.cluster_service`), at most once per ``MIN_TICK_S``; the poll is the
   fallback (and how a standby node notices a dead owner). Imported only in cluster mode
@@ -55,6 +60,7 @@ from registry.events import Event
 from registry.pg.batches import FencedError, StoreUnavailableError, Writer
 from registry.pg.committer import CONNECTION_ERRORS
 from registry.pg.webhook_store import (
+    PRUNE_BATCH,
     DeliveryLease,
     DeliveryLeaseLostError,
     DisabledMark,
@@ -70,6 +76,8 @@ logger = logging.getLogger(__name__)
 
 READ_BATCH = 100
 DEFAULT_POLL_S = 1.0
+DEFAULT_PRUNE_S = 30.0
+"""How often the owner prunes the webhook's cursor rows (module rules)."""
 MIN_TICK_S = 0.1
 """The shortest time between two ticks however often new events wake the lead."""
 STATUS_REFRESH_S = 5.0
@@ -98,12 +106,17 @@ class ClusterWebhookDeliverer:
         writer: Callable[[], Writer | None],
         *,
         poll_s: float = DEFAULT_POLL_S,
+        prune_s: float = DEFAULT_PRUNE_S,
         rng: random.Random | None = None,
     ) -> None:
         self.webhook = webhook
         self.store = store
         self._writer = writer
         self.poll_s = poll_s
+        self.prune_s = prune_s
+        self._pruned_at = -float("inf")
+        self.pruned = 0
+        """Cursor rows this node pruned."""
         self._rng = rng or random.Random()
         self.lease: DeliveryLease | None = None
         self.disabled: DisabledMark | None = None
@@ -251,6 +264,7 @@ class ClusterWebhookDeliverer:
             self.lease = lease
             self._done.clear()
             self._saved_done = self._saved_outcome = None
+            self._pruned_at = -float("inf")  # what the last owner left, pruned now
             self.handovers += 1
             logger.info(
                 "webhook %s: standby -> delivering on node %s (delivery epoch %d)",
@@ -260,6 +274,7 @@ class ClusterWebhookDeliverer:
             )
         try:
             await self._save(lease)
+            await self._prune(lease)
         except (DeliveryLeaseLostError, FencedError) as exc:
             self._lose(str(exc))
             return
@@ -301,6 +316,23 @@ class ClusterWebhookDeliverer:
                 del self._done[run_id]
         self._saved_outcome = outcome
         self._saved_done = {r: q for r, q in self._done.items() if done.get(r) == q}
+
+    async def _prune(self, lease: DeliveryLease) -> None:
+        """Prune the webhook's cursor rows when ``prune_s`` passed since the last time
+        (batch after batch while they are full)."""
+        now = time.monotonic()
+        if now - self._pruned_at < self.prune_s:
+            return
+        self._pruned_at = now
+        removed = 0
+        while True:
+            batch = await self.store.prune(self.name, lease, PRUNE_BATCH)
+            removed += batch
+            if batch < PRUNE_BATCH:
+                break
+        if removed:
+            self.pruned += removed
+            logger.info("webhook %s: %d cursor rows pruned", self.name, removed)
 
     # ------------------------------------------------------------------ one run
 

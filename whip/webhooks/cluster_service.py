@@ -11,6 +11,10 @@ Rules:
   COMMIT). A notification wakes every deliverer that delivers on this node; the poll
   (:func:`cluster_poll_s`) is the fallback, so a lost LISTEN connection only delays
   deliveries (it is re-made at the next check, every ``LISTEN_CHECK_S``).
+- At start, the webhooks this node does not configure are forgotten in the store (their
+  rows and cursors deleted) unless a live node delivers them
+  (:meth:`~registry.pg.webhook_store.WebhookStore.forget`, whose rule cannot race a
+  deliverer); :func:`forget_unconfigured_in_store` does the same for a node with no webhooks.
 - Each deliverer reads the node lease's current writer (an attribute read, safe from
   this thread): a fenced node delivers nothing.
 - Exit order: the listener task and connection, then every deliverer (reverse order;
@@ -45,6 +49,25 @@ def cluster_poll_s(lease_s: float) -> float:
     return min(1.0, lease_s / 4)
 
 
+async def _forget(store: WebhookStore, webhooks: tuple[WebhookConfig, ...]) -> None:
+    for name in await store.forget([webhook.name for webhook in webhooks]):
+        logger.warning(
+            "webhook %s: no longer configured: its delivery lease and cursors are removed "
+            "from the store (configured again, it starts at the cluster's end)",
+            name,
+        )
+
+
+async def forget_unconfigured_in_store(store_url: str, webhooks: tuple[WebhookConfig, ...]) -> None:
+    """Forget the webhooks not in ``webhooks`` (module rules) over one short connection:
+    for a node that runs no deliverer. Raises the store's error."""
+    pool = await asyncpg.create_pool(store_url, min_size=1, max_size=1, timeout=5.0)
+    try:
+        await _forget(WebhookStore(pool), webhooks)
+    finally:
+        await pool.close()
+
+
 class ClusterWebhooks:
     """Cluster mode's deliverers on the delivery loop (module rules). Loop-only."""
 
@@ -73,6 +96,7 @@ class ClusterWebhooks:
                 )
                 await deliverer.start()
                 self.deliverers.append(deliverer)
+            await _forget(store, webhooks)
             await self._ensure_listening()
             self._listen_task = asyncio.create_task(
                 self._keep_listening(), name="webhook-cluster-listen"

@@ -38,6 +38,14 @@ webhooks together, so the cursors cost the disk the WAL shares one fsync a secon
 Cluster mode keeps its cursors in the store instead, per run (cluster seqs are per run):
 :mod:`registry.pg.webhook_store`, driven by :mod:`whip.webhooks.cluster_delivery`.
 
+What is pruned: the file holds one entry per webhook name and nothing per run (``upto`` is
+one global seq; ``delivered_above`` is bounded and drops seqs as ``upto`` passes them; the
+per-run ``after`` lives in memory only), so a deleted run leaves nothing in it. An entry
+whose name is no longer configured is removed at start (:meth:`FileCursorStore.forget`,
+before the first save, one write; logged): the same name configured again starts at the
+log's end, as a new webhook does. Cluster mode prunes its per-run rows in the store
+(:mod:`registry.pg.webhook_store`, "Pruning").
+
 The 410 mark (:class:`registry.webhook_mark.DisabledMark`) is part of the durable state
 (``disabled`` in :class:`CursorState`, an optional ``disabled`` object in the file's
 entry): a webhook whose receiver answered 410 stays disabled across restarts while its URL
@@ -50,6 +58,7 @@ import asyncio
 import logging
 import os
 import threading
+from collections.abc import Collection
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
@@ -190,6 +199,25 @@ class FileCursorStore:
         pending = self._pending.get(name)
         return pending if pending is not None else self._saved.get(name)
 
+    async def forget(self, configured: Collection[str]) -> list[str]:
+        """Remove the entries of webhooks not in ``configured``, durably (one write now,
+        none when there is nothing to remove); the names removed. Called at start, before
+        the first :meth:`save` (a group write in flight would put them back).
+        Raises :class:`CursorFileError` for a file that is not a cursor file.
+
+        Cancellation: the file holds the old entries or the new ones, never torn ones.
+        """
+        if self._flush is not None or self._pending:
+            raise RuntimeError("forget() is for the start, before any save")
+        if self._saved is None:
+            self._saved = await asyncio.to_thread(self._read)
+        gone = sorted(name for name in self._saved if name not in configured)
+        if gone:
+            kept = {name: st for name, st in self._saved.items() if name in configured}
+            await asyncio.to_thread(self._write, kept)
+            self._saved = kept
+        return gone
+
     async def save(self, name: str, state: CursorState) -> None:
         """Durable when it returns (the next group write; see the class doc).
 
@@ -226,6 +254,16 @@ class FileCursorStore:
             self._last_write = loop.time()
             if not flush.done():  # this task was cancelled (the loop is closing)
                 flush.cancel()
+
+
+async def forget_unconfigured(store: FileCursorStore, configured: Collection[str]) -> None:
+    """:meth:`FileCursorStore.forget`, each removed name logged."""
+    for name in await store.forget(configured):
+        logger.warning(
+            "webhook %s: no longer configured: its cursor is removed (configured again, "
+            "it starts at the log's end)",
+            name,
+        )
 
 
 class DeliveryLedger:

@@ -17,6 +17,12 @@ Rules:
   (:class:`~whip.webhooks.cluster_service.ClusterWebhooks`: cursors and the delivery
   lease in the store, one node delivering each webhook; the module is imported only
   then); its exit saves each cursor and gives each lease up before the node leaves.
+- Webhooks no longer configured are forgotten at start, before anything is delivered:
+  embedded, their entries in the cursor file
+  (:func:`~whip.webhooks.cursor.forget_unconfigured`); cluster mode, their rows in the store
+  when no live node delivers them (:mod:`whip.webhooks.cluster_service`). This holds with
+  no webhook configured too (then without a delivery thread; a store that does not answer,
+  or a cursor file that is not one, is logged, not fatal: nothing reads them then).
 - A start that fails half-way closes the dispatchers it started, then re-raises (a
   cursor file that is not one refuses the start: :class:`~whip.webhooks.cursor.CursorFileError`).
 - Metrics are read at scrape time from the deliverers, on the server's loop, through
@@ -40,7 +46,7 @@ from prometheus_client.registry import Collector
 from registry.feed import FeedSubscription
 from registry.timeline import Timeline
 from whip.appkeys import CLUSTER_KEY, CONFIG_KEY, REGISTRY_KEY, TIMELINE_KEY, WEBHOOKS_KEY
-from whip.webhooks.cursor import FileCursorStore
+from whip.webhooks.cursor import CursorFileError, FileCursorStore, forget_unconfigured
 from whip.webhooks.delivery import OUTCOMES
 from whip.webhooks.delivery_thread import DeliveryThread
 from whip.webhooks.dispatcher import WebhookDispatcher
@@ -148,6 +154,7 @@ async def webhooks_context(app: web.Application) -> AsyncIterator[None]:
     webhooks: list[WebhookStatus] = []
     app[WEBHOOKS_KEY] = webhooks
     if not config.webhooks:
+        await _forget_all(app)
         yield
         return
     if config.cluster.enabled:
@@ -156,12 +163,14 @@ async def webhooks_context(app: web.Application) -> AsyncIterator[None]:
         return
     timeline = app[TIMELINE_KEY]
     store = FileCursorStore(config.server.data_dir / "webhooks")
+    names = {webhook.name for webhook in config.webhooks}
     dispatchers = [WebhookDispatcher(webhook, timeline, store) for webhook in config.webhooks]
     webhooks.extend(dispatchers)
     group = WebhookGroup(dispatchers, timeline)
     thread = DeliveryThread(config.server.event_loop)
     await thread.start()
     try:
+        await thread.run(forget_unconfigured(store, names))
         await thread.run(group.start())
     except BaseException:
         await thread.stop()
@@ -172,6 +181,23 @@ async def webhooks_context(app: web.Application) -> AsyncIterator[None]:
         await thread.run(group.aclose())
     finally:
         await thread.stop()
+
+
+async def _forget_all(app: web.Application) -> None:
+    """No webhook configured: forget those a previous start had (module rules)."""
+    config = app[CONFIG_KEY]
+    if not config.cluster.enabled:
+        try:
+            await forget_unconfigured(FileCursorStore(config.server.data_dir / "webhooks"), ())
+        except CursorFileError as exc:  # nothing reads it while no webhook is configured
+            logger.warning("webhooks: %s; left as it is", exc)
+        return
+    from whip.webhooks.cluster_service import CLOSE_ERRORS, forget_unconfigured_in_store
+
+    try:
+        await forget_unconfigured_in_store(config.cluster.store, ())
+    except CLOSE_ERRORS as exc:
+        logger.warning("webhooks: the store did not answer; old webhooks stay: %r", exc)
 
 
 async def _cluster_webhooks(
