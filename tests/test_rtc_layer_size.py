@@ -122,6 +122,7 @@ def _decoded_size(codec: str, packets: list[av.Packet]) -> set[tuple[int, int]]:
 
 X264 = {"preset": "ultrafast", "bf": "0"}
 X265 = {"preset": "ultrafast", "x265-params": "log-level=error:bframes=0"}
+VPX = {"deadline": "realtime", "cpu-used": "8"}
 
 
 @pytest.mark.parametrize(
@@ -135,7 +136,7 @@ X265 = {"preset": "ultrafast", "x265-params": "log-level=error:bframes=0"}
         # 4:2:2: crop units of two samples across, one down
         ("H264", "libx264", X264, "yuv422p", (642, 361)),
         # VP9 profile 1: the color_config with subsampling bits
-        ("VP9", "libvpx-vp9", {"deadline": "realtime", "cpu-used": "8"}, "yuv444p", (641, 361)),
+        ("VP9", "libvpx-vp9", VPX, "yuv444p", (641, 361)),
     ],
 )
 def test_chroma_formats_and_field_coding(
@@ -240,6 +241,45 @@ def test_vp9_scalability_structure() -> None:
     assert vp9_payload_size(inter) is None  # the sender says inter: not read
     middle = bytes([0]) + frame[:100]
     assert vp9_payload_size(middle) is None
+
+
+def _bits(*fields: tuple[int, int]) -> bytes:
+    """``(value, bit count)`` fields, MSB first, zero-padded to whole bytes."""
+    value = count = 0
+    for field, width in fields:
+        value, count = value << width | field, count + width
+    pad = -count % 8
+    return (value << pad).to_bytes((count + pad) // 8)
+
+
+@pytest.mark.parametrize("profile", [2, 3])
+def test_vp9_high_bit_depth_keyframe_headers(profile: int) -> None:
+    """Profiles 2 and 3 (libvpx here is built without them): VP9 6.2 written bit by bit;
+    profile 3's reserved bit moves the sync code off the byte boundary."""
+    reserved = [(0, 1)] if profile == 3 else []
+    subsampling = [(0, 3)] if profile == 3 else []
+    header = _bits(
+        (2, 2),  # frame_marker
+        (profile & 1, 1),
+        (profile >> 1, 1),
+        *reserved,
+        (0, 1),  # show_existing_frame
+        (0, 1),  # frame_type KEY_FRAME
+        (1, 1),  # show_frame
+        (0, 1),  # error_resilient_mode
+        (0x498342, 24),
+        (0, 1),  # ten_or_twelve_bit
+        (1, 3),  # color_space BT_601
+        (0, 1),  # color_range
+        *subsampling,
+        (640, 16),  # frame_width_minus_1
+        (359, 16),
+    )
+    payload = bytes([vp9.B_BIT | vp9.E_BIT]) + header + bytes(40)
+    assert vp9_payload_size(payload) == (641, 360)
+    inter = bytearray(header)
+    inter[0] |= 0x02 if profile == 3 else 0x04  # frame_type NON_KEY_FRAME
+    assert vp9_payload_size(bytes([vp9.B_BIT]) + bytes(inter) + bytes(40)) is None
 
 
 def test_size_reader_by_mime_type() -> None:

@@ -31,7 +31,8 @@ Rules:
   header comes before the frames of its temporal unit.
 - **VP9** (RFC 9628 4.2, 4.2.1): the scalability structure's sizes when the V bit is set
   (the highest spatial layer's: that is the layer's picture), else, on the first packet
-  of a frame that is not inter-picture predicted (B set, P clear), the keyframe's
+  of a frame that is not inter-picture predicted (B set, P clear) and has a keyframe's
+  sync code in its first bytes (the cheap look: FFmpeg never sets P), the keyframe's
   uncompressed header (VP9 6.2). A layer with several spatial layers and no SS shows
   its base layer's size.
 """
@@ -70,6 +71,13 @@ FU_START = 0x80
 AV1_Z_BIT = 0x80
 AV1_Y_BIT = 0x40
 AV1_W_MASK = 0x30
+VP9_SYNC_FIRST = 0x49
+"""The first byte of a keyframe's ``frame_sync_code`` (49 83 42): byte-aligned after the
+first header byte in profiles 0..2."""
+VP9_SYNC_PROFILE_3 = 0xC1
+"""Its second byte one bit later (profile 3's reserved bit shifts the header)."""
+VP9_SYNC_WITHIN = 12
+"""A descriptor without SS is at most 5 bytes; the sync code ends by the frame's 5th."""
 
 
 def size_reader(mime_type: str, parameters: Mapping[str, object]) -> SizeReader | None:
@@ -155,20 +163,12 @@ def _h264_sps(payload: bytes, start: int) -> Size | None:
         return None
 
 
-def h265_payload_size(payload: bytes) -> Size | None:
-    """(width, height) when ``payload`` (one H.265 RTP payload, RFC 7798, no DONL) holds
-    an SPS."""
-    return _h265_payload_size(payload, 0)
-
-
-def h265_payload_size_with_donl(payload: bytes) -> Size | None:
-    """:func:`h265_payload_size` for a stream with DONL/DOND fields (sprop-max-don-diff > 0)."""
-    return _h265_payload_size(payload, 2)
-
-
-def _h265_payload_size(payload: bytes, donl: int) -> Size | None:
+def h265_payload_size(payload: bytes, donl_fields: bool = False) -> Size | None:
+    """(width, height) when ``payload`` (one H.265 RTP payload, RFC 7798; with DONL/DOND
+    fields when ``donl_fields``) holds an SPS."""
     if len(payload) < 3 or payload[0] & 0x80:
         return None
+    donl = 2 if donl_fields else 0
     kind = (payload[0] >> 1) & 0x3F
     if kind == H265_NAL_SPS:
         return _h265_sps(payload, 2 + donl)
@@ -195,6 +195,11 @@ def _h265_payload_size(payload: bytes, donl: int) -> Size | None:
     return None
 
 
+def h265_payload_size_with_donl(payload: bytes) -> Size | None:
+    """:func:`h265_payload_size` for a stream with DONL/DOND fields (sprop-max-don-diff > 0)."""
+    return h265_payload_size(payload, True)
+
+
 def _h265_sps(payload: bytes, start: int) -> Size | None:
     try:
         return read_h265_sps_size(payload[start : start + MAX_PARAMETER_SET_BYTES])
@@ -209,8 +214,15 @@ def av1_payload_size(payload: bytes) -> Size | None:
     aggregation = payload[0]
     count = (aggregation & AV1_W_MASK) >> 4
     continues = aggregation & AV1_Z_BIT
-    if continues and count == 1:
-        return None  # one element, the rest of an OBU
+    if continues:
+        if count == 1:
+            return None  # one element, the rest of an OBU
+    else:  # the cheap look: the first element's OBU type, when no leb128 call is needed
+        first = 1 if count == 1 else 2 if payload[1] < 0x80 else 0
+        if first and first < len(payload):
+            kind = (payload[first] >> 3) & 0x0F
+            if kind != OBU_SEQUENCE_HEADER and kind != OBU_TEMPORAL_DELIMITER:
+                return None
     end = len(payload)
     at = 1
     index = 0
@@ -251,8 +263,16 @@ def vp9_payload_size(payload: bytes) -> Size | None:
     if not payload:
         return None
     first = payload[0]
-    if not first & V_BIT and (not first & B_BIT or first & P_BIT):
-        return None
+    if not first & V_BIT:
+        if not first & B_BIT or first & P_BIT:
+            return None
+        # Not a keyframe without the sync code's first byte (FFmpeg never sets P: most
+        # frames come here). One-byte finds: a bytes needle costs several times more.
+        if (
+            payload.find(VP9_SYNC_FIRST, 1, VP9_SYNC_WITHIN) < 0
+            and payload.find(VP9_SYNC_PROFILE_3, 1, VP9_SYNC_WITHIN) < 0
+        ):
+            return None
     try:
         descriptor = parse_descriptor(payload)
         scalability = descriptor.scalability
