@@ -14,7 +14,15 @@ the decoded layer's packets and does nothing with them (so the figure is the dem
 
 - ``demux_ns_per_packet``: classification (RID or SSRC), the layer's counters and rates,
   the VP8 keyframe size read, and the layer choice;
-- ``loop_share_percent``: the share of one core that takes for one such session.
+- ``loop_share_percent``: the share of one core that takes for one such session;
+- ``codecs``: the same traffic in H.264, H.265, AV1 and VP9 (``--codecs``), every layer's
+  size read from its payloads (:mod:`whip.rtc.layer_size`): per codec the demux's cost
+  per packet and ``vs_vp8``, its median over VP8's median in the same run (the figure to
+  compare across machines), and the layer sizes the demux read (they must be the
+  layers'). Their payloads are real: FFmpeg's RTP muxer packetizing PyAV-encoded frames
+  at each layer's size (``bench/support/rtp_reference.py``); a keyframe's first packets
+  are that stream's, up to the one that carries the size, the other packets cycle
+  through the stream's inter frames. VP8's are synthetic (a keyframe header, then zeros).
 
 Usage::
 
@@ -40,6 +48,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from aiortc.rtcrtpparameters import RTCRtpCodecParameters
 from aiortc.rtp import RtpPacket
 
+from bench.support.rtp_reference import reference_stream
+from whip.rtc.layer_size import size_reader
 from whip.rtc.simulcast import SimulcastDemux
 from whip.sdp.simulcast import SimulcastOffer
 
@@ -48,15 +58,26 @@ PACKET_BYTES = 1200
 FPS = 30
 KEYFRAME_EVERY_S = 3
 TAGGED = 10
-VP8 = RTCRtpCodecParameters(mimeType="video/VP8", clockRate=90000, payloadType=96)
+MIME_TYPES = {
+    "VP8": "video/VP8",
+    "H264": "video/H264",
+    "H265": "video/H265",
+    "AV1": "video/AV1",
+    "VP9": "video/VP9",
+}
+CODEC_FRAMES = 4
+"""Frames encoded per layer and codec for the real payloads: one keyframe, then inter frames."""
 
 
 class _ReceivePath:
     """Where the decoded layer's packets go: aiortc's codecs table and a handler that
     takes them (the part of ``RTCRtpReceiver`` the demux reads)."""
 
-    def __init__(self) -> None:
-        self._RTCRtpReceiver__codecs = {96: VP8}
+    def __init__(self, codec: str = "VP8") -> None:
+        parameters = RTCRtpCodecParameters(
+            mimeType=MIME_TYPES[codec], clockRate=90000, payloadType=96
+        )
+        self._RTCRtpReceiver__codecs = {96: parameters}
         self._RTCRtpReceiver__rtx_ssrc: dict[int, int] = {}
         self.taken = 0
 
@@ -73,10 +94,40 @@ def _keyframe_payload(width: int, height: int) -> bytes:
     return header + size + bytes(PACKET_BYTES - len(header) - len(size))
 
 
-def traffic(seconds: float, rng: random.Random) -> list[tuple[float, RtpPacket]]:
+Payloads = tuple[tuple[bytes, ...], tuple[bytes, ...]]
+"""A layer's keyframe start (its first packets, through the one with the size) and the
+payloads the other packets cycle through."""
+
+
+def vp8_payloads(width: int, height: int) -> Payloads:
+    return (_keyframe_payload(width, height),), (bytes([0x00]) + bytes(PACKET_BYTES - 1),)
+
+
+def real_payloads(codec: str, width: int, height: int) -> Payloads:
+    """FFmpeg's packetization of ``codec`` frames at this size (module doc)."""
+    if codec == "VP8":
+        return vp8_payloads(width, height)
+    stream = reference_stream(codec, CODEC_FRAMES, width, height, PACKET_BYTES + 12)
+    read = size_reader(MIME_TYPES[codec], {})
+    assert read is not None
+    first = stream.rtp[0].timestamp
+    keyframe: list[bytes] = []
+    for packet in stream.rtp:
+        keyframe.append(packet.payload)
+        if read(packet.payload) is not None:
+            break
+    other = tuple(p.payload for p in stream.rtp if p.timestamp != first)
+    assert read(keyframe[-1]) == (width, height) and other, codec
+    return tuple(keyframe), other
+
+
+def traffic(
+    seconds: float, rng: random.Random, codec: str = "VP8"
+) -> list[tuple[float, RtpPacket]]:
     """(arrival time, packet) of every layer, in arrival order."""
     out: list[tuple[float, RtpPacket]] = []
     for rid, (width, height, bitrate) in LAYERS.items():
+        keyframe_start, others = real_payloads(codec, width, height)
         ssrc = rng.randrange(1 << 32)
         per_frame = max(1, round(bitrate / 8 / FPS / PACKET_BYTES))
         sequence = rng.randrange(1 << 16)
@@ -84,11 +135,10 @@ def traffic(seconds: float, rng: random.Random) -> list[tuple[float, RtpPacket]]
         for frame in range(int(seconds * FPS)):
             keyframe = frame % (KEYFRAME_EVERY_S * FPS) == 0
             for index in range(per_frame):
-                payload = (
-                    _keyframe_payload(width, height)
-                    if keyframe and index == 0
-                    else bytes([0x00]) + bytes(PACKET_BYTES - 1)
-                )
+                if keyframe and index < len(keyframe_start):
+                    payload = keyframe_start[index]
+                else:
+                    payload = others[sent % len(others)]
                 packet = RtpPacket(
                     payload_type=96,
                     marker=int(index == per_frame - 1),
@@ -106,11 +156,11 @@ def traffic(seconds: float, rng: random.Random) -> list[tuple[float, RtpPacket]]
     return out
 
 
-async def one_run(seconds: float, seed: int) -> dict[str, Any]:
-    packets = traffic(seconds, random.Random(seed))
+async def one_run(seconds: float, seed: int, codec: str = "VP8") -> dict[str, Any]:
+    packets = traffic(seconds, random.Random(seed), codec)
     offer = SimulcastOffer(1, tuple(LAYERS), ";".join(LAYERS), frozenset(), ())
     clock = [0.0]
-    path = _ReceivePath()
+    path = _ReceivePath(codec)
     demux = SimulcastDemux(path, offer, "highest", "bench", clock=lambda: clock[0])
     demux._inner = path.handle
     start = time.thread_time_ns()
@@ -124,6 +174,7 @@ async def one_run(seconds: float, seed: int) -> dict[str, Any]:
         "packets_per_s": len(packets) / seconds,
         "decoded": demux.decoding,
         "taken_by_receive_path": path.taken,
+        "sizes": {str(f["rid"]): [f["width"], f["height"]] for f in demux.figures()},
     }
 
 
@@ -132,12 +183,38 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, default=60.0)
     parser.add_argument("--repeat", type=int, default=5)
     parser.add_argument("--quick", action="store_true", help="5 s, 2 repetitions")
+    parser.add_argument(
+        "--codecs",
+        default="H264,H265,AV1,VP9",
+        help="codecs timed beside VP8 in each repetition (comma-separated, or empty)",
+    )
     args = parser.parse_args()
     seconds, repeat = (5.0, 2) if args.quick else (args.seconds, args.repeat)
-    runs = [asyncio.run(one_run(seconds, seed)) for seed in range(repeat)]
+    codecs = [c for c in args.codecs.upper().split(",") if c]
+    unknown = set(codecs) - set(MIME_TYPES)
+    if unknown:
+        parser.error(f"unknown codecs: {sorted(unknown)}")
+    for codec in codecs:  # encode and packetize before the clock starts
+        for width, height, _ in LAYERS.values():
+            real_payloads(codec, width, height)
+    runs: list[dict[str, Any]] = []
+    codec_runs: dict[str, list[dict[str, Any]]] = {codec: [] for codec in codecs}
+    for seed in range(repeat):  # VP8 and the others interleaved: same-run ratios
+        runs.append(asyncio.run(one_run(seconds, seed)))
+        for codec in codecs:
+            codec_runs[codec].append(asyncio.run(one_run(seconds, seed, codec)))
     per_packet = [r["ns_per_packet"] for r in runs]
     rate = runs[0]["packets_per_s"]
     median = statistics.median(per_packet)
+    by_codec: dict[str, Any] = {}
+    for codec, done in codec_runs.items():
+        costs = [r["ns_per_packet"] for r in done]
+        by_codec[codec] = {
+            "ns_per_packet": {"best": round(min(costs)), "median": round(statistics.median(costs))},
+            "vs_vp8": round(statistics.median(costs) / median, 3),
+            "decoded_layer": done[0]["decoded"],
+            "layer_sizes": done[0]["sizes"],
+        }
     print(
         json.dumps(
             {
@@ -153,6 +230,8 @@ def main() -> None:
                 "decoded_layer": runs[0]["decoded"],
                 "demux_ns_per_packet": {"best": round(min(per_packet)), "median": round(median)},
                 "loop_share_percent": round(median * rate / 1e9 * 100, 4),
+                "vp8_layer_sizes": runs[0]["sizes"],
+                "codecs": by_codec,
             },
             indent=2,
         )

@@ -21,6 +21,16 @@ Rules:
   H.264 has them (hidden frames are shown later by ``show_existing_frame``): ``reorder``
   is None.
 - VP9 (6.2): the first frame's ``profile``; VP9 carries no level in the bitstream.
+- Picture sizes, from the same parsers (one per header: a size reader stops where the
+  size is, the profile reader reads on): :func:`read_h264_sps_size` (the cropped size,
+  7.4.2.1.1: crop units from the chroma format and ``frame_mbs_only_flag``),
+  :func:`read_h265_sps_size` (inside the conformance window, 7.4.3.2),
+  :func:`read_av1_sequence_header_size` (``max_frame_width``/``height``: every operating
+  point is read to reach them), :func:`read_vp9_keyframe_size` (a keyframe's
+  ``frame_size()``, 7.2). Each reads only the bits up to the size, so a prefix of the
+  header that holds them is enough (an RTP fragment). An SPS whose fields make no
+  picture (a window past the frame, an unknown chroma format) still gives its profile;
+  only its size is refused. Callers are :mod:`whip.rtc.layer_size` (simulcast layers).
 - Names: profiles as the codec's specification names them, lower case, spaces as
   hyphens ("constrained-baseline", "high", "main10", "main" for AV1 profile 0); levels
   as they are written ("3.1", "4", "1b"; AV1 "X.Y" from ``2 + (idx >> 2)`` and
@@ -152,14 +162,43 @@ def read_h264_sps(payload: bytes) -> StreamProfile:
     """An H.264 SPS (the NAL payload after its 1-byte header). Raises
     :class:`BitstreamError` on truncated or out-of-range syntax."""
     r = BitReader(strip_emulation_prevention(payload))
+    profile_idc, constraints, level_idc, _ = _h264_sps_through_cropping(r)
+    profile = h264_profile_name(profile_idc, constraints)
+    level = h264_level_name(level_idc, constraints, profile_idc)
+    reorder = _h264_vui_reorder(r) if r.flag() else None
+    if reorder is not None:
+        return StreamProfile("H264", profile, level, None, reorder, "vui")
+    no_b = profile_idc == 66 or (bool(constraints & 0x10) and profile_idc in H264_INTRA_CAPABLE)
+    if no_b:
+        return StreamProfile("H264", profile, level, None, 0, "profile")
+    return StreamProfile("H264", profile, level, None, None, "none")
+
+
+def read_h264_sps_size(payload: bytes) -> tuple[int, int]:
+    """The cropped picture size ``(width, height)`` an H.264 SPS declares (the NAL payload
+    after its 1-byte header; only the bits up to the cropping window are read, so a
+    prefix of the SPS that holds them is enough). Raises :class:`BitstreamError`."""
+    size = _h264_sps_through_cropping(BitReader(strip_emulation_prevention(payload)))[3]
+    if size is None:
+        raise BitstreamError("out_of_range", "no picture inside the cropping window")
+    return size
+
+
+def _h264_sps_through_cropping(r: BitReader) -> tuple[int, int, int, tuple[int, int] | None]:
+    """``(profile_idc, constraint flags, level_idc, (width, height))``: 7.3.2.1.1 read up
+    to and including the frame cropping window; the size is 7.4.2.1.1's cropped size, None
+    when the fields make no picture (an unknown chroma format, a window past the frame):
+    the profile is still read from such an SPS."""
     profile_idc = r.u(8)
     constraints = r.u(8)
     level_idc = r.u(8)
     r.ue()  # seq_parameter_set_id
+    chroma_format_idc = 1  # inferred when absent
+    separate_planes = False
     if profile_idc in H264_HIGH_PROFILES:
         chroma_format_idc = r.ue()
         if chroma_format_idc == 3:
-            r.skip(1)  # separate_colour_plane_flag
+            separate_planes = r.flag()  # separate_colour_plane_flag
         r.ue()  # bit_depth_luma_minus8
         r.ue()  # bit_depth_chroma_minus8
         r.skip(1)  # qpprime_y_zero_transform_bypass_flag
@@ -182,23 +221,26 @@ def read_h264_sps(payload: bytes) -> StreamProfile:
             r.se()
     r.ue()  # max_num_ref_frames
     r.skip(1)  # gaps_in_frame_num_value_allowed_flag
-    r.ue()  # pic_width_in_mbs_minus1
-    r.ue()  # pic_height_in_map_units_minus1
-    if not r.flag():  # frame_mbs_only_flag
+    width_mbs = r.ue() + 1  # pic_width_in_mbs_minus1
+    height_map_units = r.ue() + 1  # pic_height_in_map_units_minus1
+    frame_mbs_only = r.flag()
+    if not frame_mbs_only:
         r.skip(1)  # mb_adaptive_frame_field_flag
     r.skip(1)  # direct_8x8_inference_flag
-    if r.flag():  # frame_cropping_flag
-        for _ in range(4):
-            r.ue()
-    profile = h264_profile_name(profile_idc, constraints)
-    level = h264_level_name(level_idc, constraints, profile_idc)
-    reorder = _h264_vui_reorder(r) if r.flag() else None
-    if reorder is not None:
-        return StreamProfile("H264", profile, level, None, reorder, "vui")
-    no_b = profile_idc == 66 or (bool(constraints & 0x10) and profile_idc in H264_INTRA_CAPABLE)
-    if no_b:
-        return StreamProfile("H264", profile, level, None, 0, "profile")
-    return StreamProfile("H264", profile, level, None, None, "none")
+    crop = (r.ue(), r.ue(), r.ue(), r.ue()) if r.flag() else (0, 0, 0, 0)  # frame_cropping
+    # 7.4.2.1.1: crop units are chroma samples (luma samples without chroma), doubled
+    # vertically for field coding.
+    fields = 1 if frame_mbs_only else 2
+    if chroma_format_idc == 0 or separate_planes:
+        unit_x, unit_y = 1, fields
+    else:
+        unit_x = 1 if chroma_format_idc == 3 else 2
+        unit_y = fields * (2 if chroma_format_idc == 1 else 1)
+    left, right, top, bottom = crop
+    width = width_mbs * 16 - unit_x * (left + right)
+    height = fields * height_map_units * 16 - unit_y * (top + bottom)
+    valid = chroma_format_idc <= 3 and width > 0 and height > 0
+    return profile_idc, constraints, level_idc, (width, height) if valid else None
 
 
 def _skip_scaling_list(r: BitReader, size: int) -> None:
@@ -301,18 +343,7 @@ def _h265_profile_tier_level(r: BitReader, max_sub_layers_minus1: int) -> tuple[
 def read_h265_sps(payload: bytes) -> StreamProfile:
     """An H.265 SPS (the NAL payload after its 2-byte header)."""
     r = BitReader(strip_emulation_prevention(payload))
-    r.skip(4)  # sps_video_parameter_set_id
-    max_sub_layers_minus1 = r.u(3)
-    r.skip(1)  # sps_temporal_id_nesting_flag
-    profile, tier, level = _h265_profile_tier_level(r, max_sub_layers_minus1)
-    r.ue()  # sps_seq_parameter_set_id
-    if r.ue() == 3:  # chroma_format_idc
-        r.skip(1)
-    r.ue()  # pic_width_in_luma_samples
-    r.ue()  # pic_height_in_luma_samples
-    if r.flag():  # conformance_window_flag
-        for _ in range(4):
-            r.ue()
+    profile, tier, level, max_sub_layers_minus1, _ = _h265_sps_through_conformance(r)
     r.ue()  # bit_depth_luma_minus8
     r.ue()  # bit_depth_chroma_minus8
     r.ue()  # log2_max_pic_order_cnt_lsb_minus4
@@ -323,6 +354,45 @@ def read_h265_sps(payload: bytes) -> StreamProfile:
         reorder = r.ue()  # sps_max_num_reorder_pics (the last is the highest sub-layer)
         r.ue()  # sps_max_latency_increase_plus1
     return StreamProfile("H265", profile, level, tier, reorder, "sps")
+
+
+def read_h265_sps_size(payload: bytes) -> tuple[int, int]:
+    """The picture size ``(width, height)`` inside an H.265 SPS's conformance window (the
+    NAL payload after its 2-byte header; read up to the window only, so a prefix of the
+    SPS that holds it is enough). Raises :class:`BitstreamError`."""
+    size = _h265_sps_through_conformance(BitReader(strip_emulation_prevention(payload)))[4]
+    if size is None:
+        raise BitstreamError("out_of_range", "no picture inside the conformance window")
+    return size
+
+
+def _h265_sps_through_conformance(
+    r: BitReader,
+) -> tuple[str, str, str, int, tuple[int, int] | None]:
+    """``(profile, tier, level, sps_max_sub_layers_minus1, (width, height))``: 7.3.2.2
+    read up to and including the conformance window; the size is inside the window
+    (7.4.3.2: offsets in chroma samples, SubWidthC/SubHeightC of table 6-1), None when
+    the fields make no picture (the profile is still read)."""
+    r.skip(4)  # sps_video_parameter_set_id
+    max_sub_layers_minus1 = r.u(3)
+    r.skip(1)  # sps_temporal_id_nesting_flag
+    profile, tier, level = _h265_profile_tier_level(r, max_sub_layers_minus1)
+    r.ue()  # sps_seq_parameter_set_id
+    chroma_format_idc = r.ue()
+    separate_planes = r.flag() if chroma_format_idc == 3 else False
+    luma_width = r.ue()  # pic_width_in_luma_samples
+    luma_height = r.ue()  # pic_height_in_luma_samples
+    window = (r.ue(), r.ue(), r.ue(), r.ue()) if r.flag() else (0, 0, 0, 0)
+    if chroma_format_idc == 0 or separate_planes:
+        unit_x = unit_y = 1
+    else:
+        unit_x = 1 if chroma_format_idc == 3 else 2
+        unit_y = 2 if chroma_format_idc == 1 else 1
+    left, right, top, bottom = window
+    width = luma_width - unit_x * (left + right)
+    height = luma_height - unit_y * (top + bottom)
+    valid = chroma_format_idc <= 3 and width > 0 and height > 0
+    return profile, tier, level, max_sub_layers_minus1, (width, height) if valid else None
 
 
 def read_h265_vps(payload: bytes) -> StreamProfile:
@@ -350,36 +420,115 @@ def av1_level_name(seq_level_idx: int) -> str:
 
 def read_av1_sequence_header(payload: bytes) -> StreamProfile:
     """An AV1 sequence header OBU's payload (5.5.1), up to operating point 0."""
-    r = BitReader(payload)
+    seq_profile, level_idx, tier, _ = _av1_sequence_header(BitReader(payload), size=False)
+    profile = AV1_PROFILES.get(seq_profile, f"profile-{seq_profile}")
+    return StreamProfile("AV1", profile, av1_level_name(level_idx), tier, None, "none")
+
+
+def read_av1_sequence_header_size(payload: bytes) -> tuple[int, int]:
+    """``(max_frame_width, max_frame_height)`` of an AV1 sequence header OBU's payload
+    (5.5.1: every operating point is read to reach them). Raises :class:`BitstreamError`."""
+    size = _av1_sequence_header(BitReader(payload), size=True)[3]
+    assert size is not None
+    return size
+
+
+def _av1_sequence_header(
+    r: BitReader, *, size: bool
+) -> tuple[int, int, str, tuple[int, int] | None]:
+    """``(seq_profile, seq_level_idx[0], seq_tier[0], max frame size)``: 5.5.1 read up to
+    operating point 0's tier, and with ``size`` on to ``max_frame_height_minus_1``
+    (else the size is None)."""
     seq_profile = r.u(3)
     r.skip(1)  # still_picture
-    reduced = r.flag()  # reduced_still_picture_header
-    profile = AV1_PROFILES.get(seq_profile, f"profile-{seq_profile}")
-    if reduced:
-        return StreamProfile("AV1", profile, av1_level_name(r.u(5)), "main", None, "none")
+    if r.flag():  # reduced_still_picture_header: one operating point, no models
+        level_idx = r.u(5)
+        return seq_profile, level_idx, "main", _av1_max_frame_size(r) if size else None
     decoder_model_info = False
+    buffer_delay_bits = 0
     if r.flag():  # timing_info_present_flag
         r.skip(64)  # num_units_in_display_tick, time_scale
         if r.flag():  # equal_picture_interval
             r.uvlc()
         decoder_model_info = r.flag()
         if decoder_model_info:
-            r.skip(5 + 32 + 5 + 5)
-    r.skip(1)  # initial_display_delay_present_flag
-    r.skip(5)  # operating_points_cnt_minus_1
-    r.skip(12)  # operating_point_idc[0]
-    level_idx = r.u(5)
-    tier = "high" if level_idx > 7 and r.flag() else "main"
-    return StreamProfile("AV1", profile, av1_level_name(level_idx), tier, None, "none")
+            buffer_delay_bits = r.u(5) + 1  # buffer_delay_length_minus_1
+            r.skip(32 + 5 + 5)
+    initial_display_delay = r.flag()
+    points = r.u(5) + 1  # operating_points_cnt_minus_1
+    level_idx = 0
+    tier = "main"
+    for point in range(points):
+        r.skip(12)  # operating_point_idc[i]
+        point_level = r.u(5)
+        point_tier = "high" if point_level > 7 and r.flag() else "main"
+        if point == 0:
+            level_idx, tier = point_level, point_tier
+            if not size:
+                return seq_profile, level_idx, tier, None
+        if decoder_model_info and r.flag():  # decoder_model_present_for_this_op
+            r.skip(2 * buffer_delay_bits + 1)  # operating_parameters_info
+        if initial_display_delay and r.flag():
+            r.skip(4)  # initial_display_delay_minus_1
+    return seq_profile, level_idx, tier, _av1_max_frame_size(r)
+
+
+def _av1_max_frame_size(r: BitReader) -> tuple[int, int]:
+    width_bits = r.u(4) + 1  # frame_width_bits_minus_1
+    height_bits = r.u(4) + 1  # frame_height_bits_minus_1
+    width = r.u(width_bits) + 1  # max_frame_width_minus_1
+    height = r.u(height_bits) + 1  # max_frame_height_minus_1
+    return width, height
 
 
 def read_vp9_profile(frame: bytes) -> StreamProfile | None:
     """The profile of a VP9 frame's uncompressed header (6.2); None without the frame
     marker."""
-    r = BitReader(frame[:2])
+    profile = _vp9_profile(BitReader(frame[:2]))
+    if profile is None:
+        return None
+    return StreamProfile("VP9", f"profile-{profile}", None, None, None, "none")
+
+
+VP9_SYNC_CODE = 0x498342
+VP9_CS_RGB = 7
+
+
+def read_vp9_keyframe_size(frame: bytes) -> tuple[int, int] | None:
+    """``(width, height)`` of a VP9 keyframe's uncompressed header (6.2: ``frame_sync_code``,
+    ``color_config()``, ``frame_size()``); None for any other frame (no frame marker, a
+    shown existing frame, an inter frame, a wrong sync code). Raises
+    :class:`BitstreamError` when the header is cut short."""
+    r = BitReader(frame[:16])
+    profile = _vp9_profile(r)
+    if profile is None:
+        return None
+    if r.flag():  # show_existing_frame
+        return None
+    if r.flag():  # frame_type: 1 is NON_KEY_FRAME
+        return None
+    r.skip(2)  # show_frame, error_resilient_mode
+    if r.u(24) != VP9_SYNC_CODE:
+        return None
+    if profile >= 2:
+        r.skip(1)  # ten_or_twelve_bit
+    if r.u(3) != VP9_CS_RGB:  # color_space
+        r.skip(1)  # color_range
+        if profile in (1, 3):
+            r.skip(3)  # subsampling_x, subsampling_y, reserved_zero
+    elif profile in (1, 3):
+        r.skip(1)  # reserved_zero
+    return r.u(16) + 1, r.u(16) + 1  # frame_width_minus_1, frame_height_minus_1
+
+
+def _vp9_profile(r: BitReader) -> int | None:
+    """The profile after ``frame_marker`` (6.2; profile 3's reserved bit read too), None
+    without the marker."""
     if r.u(2) != 2:  # frame_marker
         return None
     low = r.u(1)
     high = r.u(1)
     profile = (high << 1) | low
-    return StreamProfile("VP9", f"profile-{profile}", None, None, None, "none")
+    if profile == 3:
+        r.skip(1)  # reserved_zero
+    return profile

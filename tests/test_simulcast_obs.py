@@ -2,7 +2,7 @@
 one video m-line, ``a=rid:0..2 send``, ``a=simulcast:send 0;1;2``, the RTP stream id
 extension and no ``a=ssrc`` for video; libdatachannel's packetizers write the RID into every
 packet. The server accepts every layer, decodes the highest and reports all three in
-``stats``."""
+``stats``, each with its picture size (read from its SPS)."""
 
 from __future__ import annotations
 
@@ -76,9 +76,10 @@ async def test_obs_shaped_three_layer_simulcast_is_accepted_decoded_and_measured
         )
         layers = stats["layers"]
         assert stats["decode_errors"] == 0, stats
-        # H.264 layer sizes are not read from the payload (whip/rtc/layer_size.py): the
-        # layers rank by bitrate, and the decoded one's size is the stats' own.
+        # Each layer's size is read from the SPS libdatachannel sends with its IDRs
+        # (whip/rtc/layer_size.py), not decoded: every height here needs the SPS cropping.
         assert [la["rid"] for la in layers] == ["0", "1", "2"]
+        assert [(la["width"], la["height"]) for la in layers] == list(LAYER_SIZES)
         assert [la["decoding"] for la in layers] == [False, False, True]  # the highest
         rates = [la["bitrate_bps"] for la in layers]
         assert rates == sorted(rates), rates

@@ -29,8 +29,8 @@ from whip.sdp.simulcast import REPAIRED_RID_URI, RID_URI
 
 RID_ID, REPAIRED_ID = 10, 11
 SIZES = {"0": (160, 96), "1": (320, 176)}
-"""Layer 0 the small one, layer 1 the large (ranked by bitrate: H.264 sizes are not read
-before decoding)."""
+"""Layer 0 the small one, layer 1 the large (ranked by the sizes read from each layer's
+SPS, which aiortc's packetizer sends in a STAP-A with every IDR)."""
 WAIT_S = 20
 TAGGED_FRAMES = 5
 """Frames per layer sent with the RID extension; later packets carry none (as libwebrtc
@@ -217,6 +217,10 @@ async def test_layers_without_ssrc_lines_highest_decoded_and_a_stopped_layer_swi
         assert demux.pli_withheld == withheld + 1
         stats = [e.data for e in events if e.type == "stats" and e.data.get("layers")]
         assert [layer["rid"] for layer in stats[-1]["layers"]] == ["0", "1"]
+        assert [(la["width"], la["height"]) for la in stats[-1]["layers"]] == [
+            SIZES["0"],
+            SIZES["1"],
+        ]
         # Each layer has its own RTP timestamp base; the decoded track's timeline goes on
         # growing across both switches, so the linting sees no frame out of order.
         warnings = [e.data["warning"] for e in events if e.type == "stream_warning"]

@@ -5,16 +5,19 @@ Rules:
 
 - Encoding is deterministic for a given (codec, size, count): a synthetic moving
   pattern, no timestamps from the clock. The encoders are configured so the streams
-  exercise what the depacketizers must handle: B-frames and CRA pictures (libx265), hidden
-  frames and ``show_existing_frame`` (libsvtav1's random-access structure), superframes
-  with hidden alt-ref frames (libvpx-vp9 ``auto-alt-ref``).
+  exercise what the depacketizers must handle: an SPS and PPS on every IDR, which the
+  muxer puts in a STAP-A, alone or in FU-A fragments as ``mtu`` allows (libx264),
+  B-frames and CRA pictures (libx265), hidden frames and ``show_existing_frame``
+  (libsvtav1's random-access structure), superframes with hidden alt-ref frames
+  (libvpx-vp9 ``auto-alt-ref``).
 - The muxer writes through a Python file object whose buffer is ``mtu`` bytes; FFmpeg's
   RTP muxer flushes after each packet, so each ``write`` is exactly one RTP or RTCP
   packet (RTCP, payload types 200..204, is left out). :func:`parse_rtp` checks the
   version and lengths, so a coalesced write fails loudly instead of passing as one packet.
 - :func:`jitter_frames` joins per-packet outputs the way aiortc's jitter buffer does: one
   frame per run of consecutive packets with one RTP timestamp, ``packet._data`` joined.
-- Used by ``tests/test_rtp_payload_*.py`` and ``bench/rtp_payload.py`` (one copy, here:
+- Used by ``tests/test_rtp_payload_*.py``, ``tests/test_rtc_layer_size.py``,
+  ``bench/rtp_payload.py`` and ``bench/simulcast.py`` (one copy, here:
   bench/ never imports tests/).
 """
 
@@ -54,6 +57,12 @@ class EncoderSetup:
 
 
 SETUPS: dict[str, EncoderSetup] = {
+    "H264": EncoderSetup(
+        "libx264",
+        "h264",
+        "h264",
+        {"preset": "ultrafast", "tune": "zerolatency", "bf": "0", "g": "10"},
+    ),
     "H265": EncoderSetup(
         "libx265",
         "hevc",
@@ -91,8 +100,8 @@ def pattern(index: int, width: int, height: int) -> av.VideoFrame:
 
 
 def encode(codec: str, count: int, width: int, height: int) -> list[av.Packet]:
-    """``count`` frames of :func:`pattern` encoded for ``codec`` (``H265``, ``AV1``,
-    ``VP9``), in decoding order, flushed."""
+    """``count`` frames of :func:`pattern` encoded for ``codec`` (``H264``, ``H265``,
+    ``AV1``, ``VP9``), in decoding order, flushed."""
     setup = SETUPS[codec]
     context = av.CodecContext.create(setup.encoder, "w")
     context.width = width
@@ -149,9 +158,15 @@ def parse_rtp(datagram: bytes) -> RtpPacket | None:
 
 
 def packetize(
-    codec: str, packets: Sequence[av.Packet], width: int, height: int, mtu: int = 1200
+    codec: str,
+    packets: Sequence[av.Packet],
+    width: int,
+    height: int,
+    mtu: int = 1200,
+    pix_fmt: str = "yuv420p",
 ) -> list[RtpPacket]:
-    """``packets`` (from :func:`encode`) through FFmpeg's RTP muxer, ``mtu``-byte packets."""
+    """``packets`` (from :func:`encode`, or encoded as ``pix_fmt``) through FFmpeg's RTP
+    muxer, ``mtu``-byte packets."""
     sink = _Writes()
     setup = SETUPS[codec]
     container = av.open(
@@ -161,6 +176,7 @@ def packetize(
     stream.time_base = fractions.Fraction(1, 90000)
     stream.width = width
     stream.height = height
+    stream.pix_fmt = pix_fmt
     for packet in packets:
         copy = av.Packet(bytes(packet))
         copy.pts = packet.pts

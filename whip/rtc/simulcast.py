@@ -21,8 +21,9 @@ Rules:
 - **Which layer is decoded.** ``all``: every layer through its own
   :class:`whip.rtc.layer_path.LayerPath` into its own intake (:meth:`decode_all`);
   aiortc's receive path gets none. ``highest`` / ``lowest``: one layer at a time through
-  aiortc's receive path, ranked by its picture size (read from VP8 keyframe headers; for
-  other codecs unknown, 0) then by its bitrate.
+  aiortc's receive path, ranked by its picture size (read from the RTP payloads by
+  :mod:`whip.rtc.layer_size`: VP8 and VP9 keyframes, H.264/H.265 SPSs, AV1 sequence
+  headers; 0 until one arrived) then by its bitrate.
   The first choice waits until every unpaused offered layer has sent and can be ranked
   (a size, or one :data:`RATE_WINDOW_S` of bitrate), at most :data:`STARTUP_WAIT_S`
   after the first packet. A layer is **stopped** after
@@ -73,7 +74,7 @@ import aiortc.rtp
 from aiortc.rtcrtpparameters import RTCRtpHeaderExtensionParameters
 
 from whip.rtc.layer_path import LayerPath, Sink
-from whip.rtc.layer_size import vp8_keyframe_size
+from whip.rtc.layer_size import SizeReader, size_reader
 from whip.rtc.rtp_timestamps import MAPPER_ATTRIBUTE, install_frame_timestamps
 from whip.sdp.simulcast import REPAIRED_RID_URI, RID_URI, SIMULCAST_URIS, SimulcastOffer
 
@@ -85,7 +86,7 @@ SWITCH_UP_AFTER_S = 2.0
 """How long a better layer must stay active before it replaces the decoded one."""
 STARTUP_WAIT_S = 1.5
 """How long the first choice waits for every unpaused layer to send and be ranked (a
-size from a keyframe, or a first bitrate window)."""
+size read from the payloads, or a first bitrate window)."""
 RATE_WINDOW_S = 1.0
 CHECK_EVERY_S = 0.05
 """Stops and the layer choice are evaluated at most this often (on a packet's arrival),
@@ -178,6 +179,8 @@ class SimulcastDemux:
         """Keyframe requests for a layer nobody decodes, not sent (module rules)."""
         self.paths: dict[str, LayerPath] = {}
         """``all``: each layer's own receive path (:meth:`decode_all`)."""
+        self._size_readers: dict[int, SizeReader | None] = {}
+        """Per payload type whose codec is known (at most 128 entries)."""
 
     def decode_all(self, sinks: dict[str, Sink]) -> None:
         """``all``: every layer of ``sinks`` gets its own :class:`LayerPath` into its sink;
@@ -273,7 +276,8 @@ class SimulcastDemux:
                 self._report("layer_resumed", layer)
             layer.account(len(packet.payload), bool(packet.marker), now)
             if packet.payload:
-                size = vp8_keyframe_size(packet.payload) if self._is_vp8(packet) else None
+                read_size = self._size_reader(packet.payload_type)
+                size = read_size(packet.payload) if read_size is not None else None
                 if size is not None:
                     layer.width, layer.height = size
         due = now - self._checked_at >= CHECK_EVERY_S
@@ -291,9 +295,16 @@ class SimulcastDemux:
         if layer.rid == self.decoding and self._inner is not None:
             await self._inner(packet, arrival_time_ms=arrival_time_ms)
 
-    def _is_vp8(self, packet: Any) -> bool:
-        codec = getattr(self.receiver, _CODECS, {}).get(packet.payload_type)
-        return codec is not None and codec.mimeType.lower() == "video/vp8"
+    def _size_reader(self, payload_type: int) -> SizeReader | None:
+        """The layer size reader of ``payload_type``'s codec (cached once it is known)."""
+        if payload_type in self._size_readers:
+            return self._size_readers[payload_type]
+        codec = getattr(self.receiver, _CODECS, {}).get(payload_type)
+        if codec is None:
+            return None
+        reader = size_reader(codec.mimeType, codec.parameters)
+        self._size_readers[payload_type] = reader
+        return reader
 
     def _detect_stops(self, now: float) -> None:
         for layer in self.layers.values():
