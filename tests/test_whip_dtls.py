@@ -28,7 +28,7 @@ from aiortc.rtcdtlstransport import RTCCertificate, generate_certificate
 from cryptography.hazmat.primitives.asymmetric import ec, rsa
 
 from registry.timeline import Timeline
-from tests.support.peers import AiortcPublisher
+from tests.support.peers import AiortcPublisher, server_dtls
 from tests.support.servers import wait_for_type
 from whip.appkeys import SESSIONS_KEY, TIMELINE_KEY
 from whip.live_session import LiveSession
@@ -137,15 +137,6 @@ async def push(
 
 async def event_log(timeline: Timeline, run_id: str) -> list[tuple[str, dict[str, Any]]]:
     return [(e.type, e.data) for e in await timeline.read_events(run_id, 0, 1000)]
-
-
-def server_dtls(session: LiveSession) -> Any:
-    """The session's one (BUNDLE) DTLS transport."""
-    transports = {
-        id(t.receiver.transport): t.receiver.transport for t in session.pc.getTransceivers()
-    }
-    assert len(transports) == 1, "BUNDLE: one transport for audio and video"
-    return next(iter(transports.values()))
 
 
 def local_certificate(dtls: Any) -> RTCCertificate:

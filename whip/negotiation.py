@@ -216,7 +216,7 @@ class Negotiator:
             if self.ice_tcp is not None:
                 install_ice_tcp(pc, self.ice_tcp, label)
             liveness = install_media_liveness(pc, self.config.limits.reclaim_after_s)
-            peer_end = watch_peer_end(pc)
+            peer_end = watch_peer_end(pc, label)
             answer = await pc.createAnswer()
             await pc.setLocalDescription(answer)
             sdp = finalize_answer(pc.localDescription.sdp, summary, self.config.server.public_hosts)

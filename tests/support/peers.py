@@ -2,16 +2,28 @@
 
 :class:`AiortcPublisher` is the benches' own (``bench/support/publisher.py``: the system
 crash loop runs it in both), named here for the tests; :func:`ffmpeg_whip_push` is the
-tests' alone.
+tests' alone; :func:`server_dtls` is the server side's DTLS transport of a session, whatever
+peer published it.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Any
 
 from bench.support.publisher import AiortcPublisher
+from whip.live_session import LiveSession
 
-__all__ = ["AiortcPublisher", "ffmpeg_whip_push"]
+__all__ = ["AiortcPublisher", "ffmpeg_whip_push", "server_dtls"]
+
+
+def server_dtls(session: LiveSession) -> Any:
+    """The session's one (BUNDLE) DTLS transport."""
+    transports = {
+        id(t.receiver.transport): t.receiver.transport for t in session.pc.getTransceivers()
+    }
+    assert len(transports) == 1, "BUNDLE: one transport for audio and video"
+    return next(iter(transports.values()))
 
 
 def ffmpeg_whip_push(

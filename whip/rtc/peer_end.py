@@ -67,9 +67,12 @@ class PeerEnd:
             listener()
 
 
-def watch_peer_end(pc: RTCPeerConnection) -> PeerEnd:
+def watch_peer_end(pc: RTCPeerConnection, label: str = "") -> PeerEnd:
     """Watch ``pc``'s DTLS transports and receivers for a clean end (module doc). Call
-    after ``setRemoteDescription`` (the transports and receivers exist)."""
+    after ``setRemoteDescription`` (the transports and receivers exist). ``label`` (the
+    session id) starts each log line: a BYE is logged per receiver, since aiortc ends that
+    receiver's track on it even while the peer's other tracks go on (GStreamer's
+    webrtcbin does that, docs/INTEROP.md section 12)."""
     state = PeerEnd()
     for dtls in dtls_transports(pc):
 
@@ -79,7 +82,7 @@ def watch_peer_end(pc: RTCPeerConnection) -> PeerEnd:
 
         dtls.on("statechange", on_state)
     for transceiver in pc.getTransceivers():
-        _note_bye(transceiver.receiver, state)
+        _note_bye(transceiver.receiver, state, label)
     return state
 
 
@@ -93,11 +96,19 @@ def _received_close_notify(dtls: Any) -> bool:
         return False
 
 
-def _note_bye(receiver: Any, state: PeerEnd) -> None:
+def _note_bye(receiver: Any, state: PeerEnd, label: str) -> None:
     handle = receiver._handle_rtcp_packet
+    kind = getattr(receiver.track, "kind", "?")
 
     async def handle_rtcp_packet(packet: Any) -> None:
         if isinstance(packet, RtcpByePacket):
+            if id(receiver) not in state.said_bye:
+                logger.info(
+                    "session %s: RTCP BYE for the %s sources %s: that track ends",
+                    label,
+                    kind,
+                    packet.sources,
+                )
             state.said_bye.add(id(receiver))
             carried = {id(r) for r in receiver.transport._rtp_router.ssrc_table.values()}
             if carried and carried <= state.said_bye:
