@@ -7,7 +7,8 @@ Rules:
   the delivery thread (:mod:`whip.webhooks.delivery_thread`; none without webhooks) and
   on it one :class:`~whip.webhooks.dispatcher.WebhookDispatcher` per ``[[webhooks]]``
   entry, all started together and fed by one feed subscription (:class:`WebhookGroup`),
-  with the data dir's cursor store
+  their HTTP attempts made in one child process
+  (:mod:`whip.webhooks.attempt_process`), with the data dir's cursor store
   (``<data_dir>/webhooks/cursors.json``); its exit stops
   them, in reverse order, then the thread, before the sessions close. Events appended
   while the server shuts down (``session_closed`` reason ``shutdown``) are therefore
@@ -40,6 +41,7 @@ from prometheus_client.registry import Collector
 from registry.feed import FeedSubscription
 from registry.timeline import Timeline
 from whip.appkeys import CLUSTER_KEY, CONFIG_KEY, REGISTRY_KEY, TIMELINE_KEY, WEBHOOKS_KEY
+from whip.webhooks.attempt_process import AttemptProcess
 from whip.webhooks.cursor import FileCursorStore
 from whip.webhooks.delivery import OUTCOMES
 from whip.webhooks.delivery_thread import DeliveryThread
@@ -103,8 +105,11 @@ class WebhookGroup:
     same instant; a wake-up per batch put this loop's fan-out in front of the appends'
     confirmations (``bench/webhooks.py``: +10 to +20 % median confirm latency with 10
     webhooks, none measurable with the wait). The cost is up to ``gather_s`` more
-    delivery latency. :attr:`wakeups` counts the takes. Loop-only (the delivery
-    thread's).
+    delivery latency. :attr:`wakeups` counts the takes.
+
+    Attempts: given an :class:`~whip.webhooks.attempt_process.AttemptProcess`, the group
+    hands it to every dispatcher before they start (their attempts are made in that
+    child) and closes it after them. Loop-only (the delivery thread's).
     """
 
     def __init__(
@@ -113,9 +118,13 @@ class WebhookGroup:
         timeline: Timeline,
         *,
         gather_s: float = FEED_GATHER_S,
+        attempts: AttemptProcess | None = None,
     ) -> None:
         self.dispatchers = dispatchers
         self._gather_s = gather_s
+        self.attempts = attempts
+        for dispatcher in dispatchers:
+            dispatcher.sender = attempts
         self._timeline = timeline
         self._subscription: FeedSubscription | None = None
         self._fanout: asyncio.Task[None] | None = None
@@ -127,6 +136,8 @@ class WebhookGroup:
         group write), then fan the feed out. Cancellation: what started is closed."""
         self._subscription = self._timeline.feed.subscribe()
         try:
+            if self.attempts is not None:
+                await self.attempts.start()
             async with asyncio.TaskGroup() as group:
                 for dispatcher in self.dispatchers:
                     group.create_task(dispatcher.start(), name=f"webhook-{dispatcher.name}-start")
@@ -164,6 +175,12 @@ class WebhookGroup:
             except Exception as exc:
                 logger.error("cleanup: webhook %s did not close cleanly: %r", dispatcher.name, exc)
                 errors.append(exc)
+        if self.attempts is not None:
+            try:
+                await self.attempts.aclose()
+            except Exception as exc:
+                logger.error("cleanup: the webhook attempt process did not close: %r", exc)
+                errors.append(exc)
         if errors:
             raise ExceptionGroup("webhooks did not close cleanly", errors)
 
@@ -184,7 +201,7 @@ async def webhooks_context(app: web.Application) -> AsyncIterator[None]:
     store = FileCursorStore(config.server.data_dir / "webhooks")
     dispatchers = [WebhookDispatcher(webhook, timeline, store) for webhook in config.webhooks]
     webhooks.extend(dispatchers)
-    group = WebhookGroup(dispatchers, timeline)
+    group = WebhookGroup(dispatchers, timeline, attempts=AttemptProcess(config.server.event_loop))
     thread = DeliveryThread(config.server.event_loop)
     await thread.start()
     try:
