@@ -51,6 +51,7 @@ from aiohttp import web  # noqa: E402
 
 from registry.events import NewEvent  # noqa: E402
 from registry.timeline import Timeline, TimelineConfig  # noqa: E402
+from whip.webhooks.attempt_process import AttemptProcess  # noqa: E402
 from whip.webhooks.config import WebhookConfig  # noqa: E402
 from whip.webhooks.cursor import CursorState, FileCursorStore  # noqa: E402
 from whip.webhooks.delivery_thread import DeliveryThread  # noqa: E402
@@ -124,6 +125,14 @@ def webhook(name: str, url: str) -> WebhookConfig:
     )
 
 
+def attempts(webhooks: int) -> AttemptProcess | None:
+    """Where the group's HTTP attempts are made: a child process, as the server's
+    (:mod:`whip.webhooks.attempt_process`), unless ``--attempts-in-thread``."""
+    if not webhooks or ATTEMPTS_IN_THREAD[0]:
+        return None
+    return AttemptProcess("uvloop")
+
+
 async def wait_cursor(dispatcher: WebhookDispatcher, seq: int, within_s: float) -> None:
     """Until the dispatcher's cursor reaches ``seq`` (bounded; polls its own state)."""
     deadline = time.monotonic() + within_s
@@ -146,7 +155,7 @@ async def throughput(base: Path, url: str, backlog: int, runs: int) -> dict[str,
         dispatcher = WebhookDispatcher(webhook("fast", url), timeline, store)
         thread = DeliveryThread("uvloop")
         await thread.start()
-        group = WebhookGroup([dispatcher], timeline)
+        group = WebhookGroup([dispatcher], timeline, attempts=attempts(1))
         started = time.perf_counter()
         await thread.run(group.start())
         await wait_cursor(dispatcher, max(seqs), 600)
@@ -209,6 +218,7 @@ MIX_RATE_PER_S = [100.0]
 """Appends per second of ``ingest_mix`` (``--mix-rate``): about what 100 live sessions
 append (two tracks' ``stats`` every 5 s each, their lifecycle events, some analyzers)."""
 SAVE_INTERVAL_S = [DEFAULT_SAVE_INTERVAL_S]
+ATTEMPTS_IN_THREAD = [False]
 WORKLOADS = {"ingest_mix": ingest_mix, "every_event_wanted": closed_loop}
 
 
@@ -234,7 +244,7 @@ async def confirm_latency(
                     )
                     for n in range(count)
                 ]
-                group = WebhookGroup(dispatchers, timeline)
+                group = WebhookGroup(dispatchers, timeline, attempts=attempts(count))
                 thread = DeliveryThread("uvloop")
                 await thread.start()
                 if dispatchers:
@@ -287,6 +297,7 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
         "throughput": result_throughput,
         "confirm_latency": latency,
         "ingest_mix_rate_per_s": MIX_RATE_PER_S[0],
+        "attempts": "thread" if ATTEMPTS_IN_THREAD[0] else "process",
     }
 
 
@@ -309,6 +320,11 @@ def parse_args() -> argparse.Namespace:
         default=DEFAULT_SAVE_INTERVAL_S,
         help="seconds between cursor saves of each webhook (the dispatcher's default)",
     )
+    parser.add_argument(
+        "--attempts-in-thread",
+        action="store_true",
+        help="HTTP attempts on the delivery thread's loop (before the attempt process)",
+    )
     parser.add_argument("--serve-receiver", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.quick:
@@ -320,6 +336,7 @@ if __name__ == "__main__":
     arguments = parse_args()
     SAVE_INTERVAL_S[0] = arguments.save_interval
     MIX_RATE_PER_S[0] = arguments.mix_rate
+    ATTEMPTS_IN_THREAD[0] = arguments.attempts_in_thread
     if arguments.serve_receiver:
         asyncio.run(serve_receiver())
     else:

@@ -10,6 +10,8 @@
   in order per run, runs in parallel up to a bound.
 - :mod:`whip.webhooks.delivery_thread`: the thread and event loop every dispatcher runs
   on (never the server's loop).
+- :mod:`whip.webhooks.attempt_process`: the child process the dispatchers' HTTP attempts
+  are made in (the aiohttp client off the server's GIL).
 - :mod:`whip.webhooks.cluster_delivery`: cluster mode's deliverer: the cursors and the
   delivery lease in the store (:mod:`registry.pg.webhook_store`), one node at a time.
 - :mod:`whip.webhooks.cluster_service`: cluster mode's deliverers on the delivery thread,

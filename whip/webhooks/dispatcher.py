@@ -19,7 +19,11 @@ Rules:
   requests) at once; other pending runs wait in FIFO order for a slot.
 - Never slows ingest: the WAL writer only offers run ids to the feed (a set update);
   every read and request runs on this webhook's own tasks and its own HTTP client, so a
-  slow or dead receiver holds up only this webhook.
+  slow or dead receiver holds up only this webhook. With an
+  :class:`~whip.webhooks.attempt_process.AttemptProcess` (:attr:`WebhookDispatcher.sender`,
+  set by :class:`whip.webhooks.service.WebhookGroup`), that client lives in a child
+  process and the HTTP attempts cost the server's GIL only a frame each way; without one
+  (None) the client runs on this loop.
 - 410 Gone disables the webhook durably: the mark (:class:`registry.webhook_mark.
   DisabledMark`, naming the URL that answered) is saved with the cursor, so a restart
   stays disabled (logged at start) while that URL is configured; another URL for the
@@ -53,6 +57,7 @@ from registry.errors import UnknownRunError
 from registry.events import Event
 from registry.timeline import Timeline
 from registry.webhook_mark import DisabledMark
+from whip.webhooks.attempt_process import AttemptProcess
 from whip.webhooks.config import WebhookConfig
 from whip.webhooks.cursor import DEFAULT_MAX_AHEAD, CursorState, CursorStore, DeliveryLedger
 from whip.webhooks.delivery import Attempt, attempt, new_http_session, retry_delay, shown_url
@@ -103,6 +108,9 @@ class WebhookDispatcher:
         self._changed = asyncio.Event()
         self._saved_changes = -1
         self._http: aiohttp.ClientSession | None = None
+        self.sender: AttemptProcess | None = None
+        """Where the attempts are made (set before :meth:`start`; None: on this loop)."""
+        self._started = False
         self._in_delivery: dict[str, int] = {}
         """Run id -> ts_ms of the event being delivered (lag in seconds)."""
         self.disabled = False
@@ -160,7 +168,9 @@ class WebhookDispatcher:
         }
         self.ledger = ledger
         self._saved_changes = ledger.changes
-        self._http = new_http_session(self.webhook.max_parallel_runs)
+        if self.sender is None:
+            self._http = new_http_session(self.webhook.max_parallel_runs)
+        self._started = True
         self._schedule(ledger.named(behind, newest))
         logger.info(
             "webhook %s: delivering to %s from seq %d (%d runs behind)",
@@ -183,6 +193,7 @@ class WebhookDispatcher:
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
+        self._started = False
         if self._http is not None:
             await self._http.close()
             self._http = None
@@ -331,16 +342,16 @@ class WebhookDispatcher:
         self._in_delivery[event.run_id] = event.ts_ms
         try:
             while True:
-                if self.disabled or self._http is None:
+                if self.disabled or not self._started:
                     raise WebhookDisabledError(self.name)
-                timestamp = int(time.time())
-                result = await attempt(
-                    self._http,
-                    self.webhook.url,
-                    body,
-                    headers(self.webhook.secret_key, msg_id, timestamp, body),
-                    self.webhook.timeout_s,
-                )
+                signed = headers(self.webhook.secret_key, msg_id, int(time.time()), body)
+                if self.sender is not None:
+                    result = await self.sender.attempt(self.webhook, body, signed)
+                else:
+                    assert self._http is not None
+                    result = await attempt(
+                        self._http, self.webhook.url, body, signed, self.webhook.timeout_s
+                    )
                 self._record(result, event, failures + 1)
                 if result.ok:
                     return

@@ -1,0 +1,342 @@
+"""The webhooks' HTTP attempts in a child process: the aiohttp client off the server's GIL.
+
+Why: a delivery attempt costs its loop a few hundred microseconds of CPU in aiohttp's
+client (request, connection pool, response parser); everything else a delivery does
+(the warm read, the body, the signature, the cursor) is a fraction of that. On the
+delivery thread those microseconds are spent holding the GIL that the appends'
+confirmations need, in bursts of one request per webhook for each wanted event. Here the
+child process spends them on its own interpreter; the delivery thread only writes a
+request frame and reads an answer frame.
+
+Rules:
+
+- What moves is :func:`whip.webhooks.delivery.attempt`, unchanged: one bounded POST and
+  its :class:`~whip.webhooks.delivery.Attempt`. Everything that decides what is sent,
+  when, and what the cursor may pass stays with the dispatchers, in the server's
+  process (:mod:`whip.webhooks.dispatcher`): the child reads no timeline and keeps no
+  state but its HTTP clients, so cursor semantics, order per run, at-least-once, the
+  status and the metrics are the dispatchers' as before.
+- One child per :class:`AttemptProcess` (one per delivery loop), started by
+  :meth:`AttemptProcess.start` (or the first attempt); in it, one aiohttp client per
+  webhook name with that webhook's connection limit
+  (:func:`~whip.webhooks.delivery.new_http_session`), so a slow receiver still holds up
+  only its own webhook.
+- Frames both ways: a 4-byte big-endian header length, a 4-byte body length, the header
+  (JSON), the body (raw bytes). Requests: ``{"op": "post", "id", "hook", "parallel",
+  "url", "headers", "timeout"}`` with the signed body; ``{"op": "cancel", "id"}``.
+  Answers: ``{"id", "outcome", "status", "error"}``; first of all, once its loop runs,
+  the child says ``{"id": 0}`` (ready).
+- The child dies with the server: it exits when its stdin closes (the server closed it,
+  or exited, SIGKILL included). A child that dies under the server fails every attempt
+  in flight as an ``error`` (the dispatchers retry them with backoff, as any failure);
+  the next attempt starts a new child (logged).
+- Cancellation: an attempt cancelled in the server is cancelled in the child too (its
+  connection closed, as :func:`~whip.webhooks.delivery.attempt` does); :meth:`aclose`
+  closes the child's stdin and waits for it to exit (killed after
+  :data:`EXIT_DEADLINE_S`).
+- Loop-only: an :class:`AttemptProcess` is used on the loop that started it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import signal
+import socket
+import stat
+import struct
+import subprocess
+import sys
+from typing import Any, Final, cast
+
+import aiohttp
+import orjson
+
+from whip.eventloop import EventLoopKind, new_event_loop
+from whip.webhooks.config import WebhookConfig
+from whip.webhooks.delivery import OUTCOMES, Attempt, attempt, new_http_session
+
+logger = logging.getLogger(__name__)
+
+EXIT_DEADLINE_S: Final = 5.0
+_LENGTHS: Final = struct.Struct(">II")
+
+
+def frame(header: dict[str, Any], body: bytes = b"") -> bytes:
+    """One frame (module rules)."""
+    encoded = orjson.dumps(header)
+    return _LENGTHS.pack(len(encoded), len(body)) + encoded + body
+
+
+class FrameReader(asyncio.Protocol):
+    """Cuts a byte stream into frames; hands each to ``on_frame``, and EOF to ``on_end``."""
+
+    def __init__(self, on_frame: Any, on_end: Any) -> None:
+        self._buffer = bytearray()
+        self._on_frame = on_frame
+        self._on_end = on_end
+
+    def data_received(self, data: bytes) -> None:
+        buffer = self._buffer
+        buffer += data
+        start = 0
+        size = _LENGTHS.size
+        while len(buffer) - start >= size:
+            header_len, body_len = _LENGTHS.unpack_from(buffer, start)
+            end = start + size + header_len + body_len
+            if len(buffer) < end:
+                break
+            header = orjson.loads(bytes(buffer[start + size : start + size + header_len]))
+            self._on_frame(header, bytes(buffer[start + size + header_len : end]))
+            start = end
+        del buffer[:start]
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._on_end()
+
+
+class _ChildProtocol(asyncio.SubprocessProtocol):
+    """One child's pipes: its stdout cut into answer frames, its exit."""
+
+    def __init__(self, owner: AttemptProcess) -> None:
+        self._owner = owner
+        self._frames = FrameReader(owner._answered, lambda: None)
+        self.exited: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+
+    def pipe_data_received(self, fd: int, data: bytes) -> None:
+        self._frames.data_received(data)
+
+    def process_exited(self) -> None:
+        if not self.exited.done():
+            self.exited.set_result(None)
+        self._owner._ended(self)
+
+
+class AttemptProcess:
+    """The child that makes the HTTP attempts of one loop's webhooks (module rules)."""
+
+    def __init__(self, kind: EventLoopKind) -> None:
+        self._kind = kind
+        self._transport: asyncio.SubprocessTransport | None = None
+        self._protocol: _ChildProtocol | None = None
+        self._writer: asyncio.WriteTransport | None = None
+        self._pending: dict[int, asyncio.Future[Attempt]] = {}
+        self._next_id = 0
+        self._starting: asyncio.Lock | None = None
+        self._ready: asyncio.Future[None] | None = None
+        self._closing = False
+        self.pid: int | None = None
+        """The child's process id (the last one started; None before the first)."""
+        self.starts = 0
+        """Children started (a restart after a child died counts one more)."""
+        self.attempts = 0
+        """Attempts sent to a child."""
+
+    async def start(self) -> None:
+        """Start the child now and wait until it is ready (else the first attempt does).
+
+        Cancellation: a child being started is left to the next attempt or :meth:`aclose`.
+        """
+        await self._ensure_started()
+
+    async def _ensure_started(self) -> asyncio.WriteTransport:
+        if self._starting is None:
+            self._starting = asyncio.Lock()
+        async with self._starting:
+            if self._writer is not None and not self._writer.is_closing():
+                return self._writer
+            if self._closing:
+                raise RuntimeError("the webhook attempt process is closed")
+            loop = asyncio.get_running_loop()
+            ready = self._ready = loop.create_future()
+            transport, protocol = await loop.subprocess_exec(
+                lambda: _ChildProtocol(self),
+                sys.executable,
+                "-m",
+                "whip.webhooks.attempt_process",
+                self._kind,
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                stderr=None,
+            )
+            self._transport, self._protocol = transport, protocol
+            self.pid = transport.get_pid()
+            self.starts += 1
+            writer = cast(asyncio.WriteTransport, transport.get_pipe_transport(0))
+            self._writer = writer
+            await ready
+            logger.info("webhook attempt process %d started", self.pid)
+            return writer
+
+    def _answered(self, header: dict[str, Any], _body: bytes) -> None:
+        if header["id"] == 0:
+            if self._ready is not None and not self._ready.done():
+                self._ready.set_result(None)
+            return
+        future = self._pending.pop(header["id"], None)
+        if future is None or future.done():
+            return
+        outcome = header["outcome"]
+        if outcome not in OUTCOMES:
+            outcome, header["error"] = "error", f"unknown outcome {outcome!r}"
+        future.set_result(Attempt(outcome, header["status"], header["error"]))
+
+    def _ended(self, protocol: _ChildProtocol) -> None:
+        """The child exited: every attempt in flight failed."""
+        if protocol is not self._protocol:
+            return
+        transport = self._transport
+        pid = self.pid
+        self._writer = None
+        self._transport = self._protocol = None
+        if transport is not None:
+            transport.close()
+        if self._ready is not None and not self._ready.done():
+            self._ready.set_exception(OSError("the webhook attempt process exited at start"))
+        pending, self._pending = self._pending, {}
+        if not self._closing:
+            logger.error(
+                "webhook attempt process %s exited under the server; %d attempts in flight "
+                "failed (retried), the next attempt starts a new one",
+                pid,
+                len(pending),
+            )
+        for future in pending.values():
+            if not future.done():
+                future.set_result(Attempt("error", error="the webhook attempt process exited"))
+
+    async def attempt(
+        self, webhook: WebhookConfig, body: bytes, headers: dict[str, str]
+    ) -> Attempt:
+        """POST ``body`` once, in the child (module rules). Never raises for what the
+        receiver or the child does.
+
+        Cancellation: the attempt is cancelled in the child too.
+        """
+        try:
+            writer = await self._ensure_started()
+        except (OSError, RuntimeError) as exc:
+            return Attempt("error", error=f"webhook attempt process: {exc!r}"[:200])
+        self._next_id += 1
+        request_id = self._next_id
+        future: asyncio.Future[Attempt] = asyncio.get_running_loop().create_future()
+        self._pending[request_id] = future
+        header = {
+            "op": "post",
+            "id": request_id,
+            "hook": webhook.name,
+            "parallel": webhook.max_parallel_runs,
+            "url": webhook.url,
+            "headers": headers,
+            "timeout": webhook.timeout_s,
+        }
+        writer.write(frame(header, body))
+        self.attempts += 1
+        try:
+            return await future
+        except asyncio.CancelledError:
+            self._pending.pop(request_id, None)
+            if self._writer is writer and not writer.is_closing():
+                writer.write(frame({"op": "cancel", "id": request_id}))
+            raise
+
+    async def aclose(self) -> None:
+        """Close the child's stdin, wait for it to exit (killed after
+        :data:`EXIT_DEADLINE_S`) (idempotent).
+
+        Cancellation: the child is killed.
+        """
+        self._closing = True
+        transport, protocol, writer = self._transport, self._protocol, self._writer
+        if transport is None or protocol is None:
+            return
+        if writer is not None:
+            writer.close()
+        try:
+            async with asyncio.timeout(EXIT_DEADLINE_S):
+                await asyncio.shield(protocol.exited)
+        except TimeoutError:
+            logger.error("webhook attempt process %s did not exit; killed", self.pid)
+        finally:
+            if not protocol.exited.done():
+                transport.kill()
+                await asyncio.shield(protocol.exited)
+            transport.close()
+
+
+# ---------------------------------------------------------------------- the child
+
+
+class _WriteOnly(asyncio.Protocol):
+    def eof_received(self) -> bool:
+        return True  # the server never writes here; its end is shut for writing
+
+
+async def _answers_out(loop: asyncio.AbstractEventLoop) -> asyncio.WriteTransport:
+    """A transport on stdout: a pipe, or the socket uvloop's (libuv's) parent hands the
+    child, whose read side the parent shuts (a pipe transport would take that for the
+    reader's exit and close)."""
+    if stat.S_ISSOCK(os.fstat(1).st_mode):
+        out = socket.socket(fileno=os.dup(1))
+        transport, _ = await loop.connect_accepted_socket(_WriteOnly, out)
+        return transport
+    writer, _ = await loop.connect_write_pipe(asyncio.Protocol, sys.stdout.buffer)
+    return writer
+
+
+async def serve() -> None:
+    """The child: attempts from stdin, answers on stdout, until stdin closes."""
+    loop = asyncio.get_running_loop()
+    sessions: dict[str, aiohttp.ClientSession] = {}
+    tasks: dict[int, asyncio.Task[None]] = {}
+    ended = asyncio.Event()
+    writer = await _answers_out(loop)
+
+    async def post(header: dict[str, Any], body: bytes) -> None:
+        hook = header["hook"]
+        http = sessions.get(hook)
+        if http is None:
+            http = sessions[hook] = new_http_session(header["parallel"])
+        result = await attempt(http, header["url"], body, header["headers"], header["timeout"])
+        answer = {"id": header["id"], "outcome": result.outcome}
+        writer.write(frame({**answer, "status": result.status, "error": result.error}))
+
+    def on_frame(header: dict[str, Any], body: bytes) -> None:
+        request_id = header["id"]
+        if header["op"] == "cancel":
+            task = tasks.get(request_id)
+            if task is not None:
+                task.cancel()
+            return
+        task = asyncio.create_task(post(header, body), name=f"webhook-attempt-{request_id}")
+        tasks[request_id] = task
+        task.add_done_callback(lambda _: tasks.pop(request_id, None))
+
+    if stat.S_ISSOCK(os.fstat(0).st_mode):
+        requests = socket.socket(fileno=os.dup(0))
+        await loop.connect_accepted_socket(lambda: FrameReader(on_frame, ended.set), requests)
+    else:
+        await loop.connect_read_pipe(lambda: FrameReader(on_frame, ended.set), sys.stdin.buffer)
+    writer.write(frame({"id": 0}))
+    await ended.wait()
+    for task in list(tasks.values()):
+        task.cancel()
+    await asyncio.gather(*tasks.values(), return_exceptions=True)
+    for http in sessions.values():
+        await http.close()
+    writer.close()
+
+
+def main(argv: list[str]) -> None:
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the server's Ctrl-C is the server's
+    kind: EventLoopKind = "asyncio" if argv[1:] == ["asyncio"] else "uvloop"
+    loop = new_event_loop(kind)
+    try:
+        loop.run_until_complete(serve())
+    finally:
+        loop.close()
+
+
+if __name__ == "__main__":
+    main(sys.argv)
