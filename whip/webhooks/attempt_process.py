@@ -48,7 +48,7 @@ import stat
 import struct
 import subprocess
 import sys
-from typing import Any, Final, cast
+from typing import Any, Final
 
 import aiohttp
 import orjson
@@ -60,6 +60,8 @@ from whip.webhooks.delivery import OUTCOMES, Attempt, attempt, new_http_session
 logger = logging.getLogger(__name__)
 
 EXIT_DEADLINE_S: Final = 5.0
+START_DEADLINE_S: Final = 30.0
+"""Bound on a child's start, to its ready frame (an import of aiohttp on a loaded host)."""
 _LENGTHS: Final = struct.Struct(">II")
 
 
@@ -96,21 +98,38 @@ class FrameReader(asyncio.Protocol):
         self._on_end()
 
 
-class _ChildProtocol(asyncio.SubprocessProtocol):
-    """One child's pipes: its stdout cut into answer frames, its exit."""
+class _ChildProtocol(asyncio.Protocol):
+    """One child's stdout cut into answer frames; at its end (EOF: the child exited or is
+    exiting) the child is reaped, then :attr:`exited` is set."""
 
-    def __init__(self, owner: AttemptProcess) -> None:
+    def __init__(self, owner: AttemptProcess, proc: subprocess.Popen[bytes]) -> None:
         self._owner = owner
+        self.proc = proc
         self._frames = FrameReader(owner._answered, lambda: None)
         self.exited: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._reaper: asyncio.Task[None] | None = None
 
-    def pipe_data_received(self, fd: int, data: bytes) -> None:
+    def data_received(self, data: bytes) -> None:
         self._frames.data_received(data)
 
-    def process_exited(self) -> None:
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._reaper = asyncio.get_running_loop().create_task(self._reap())
+
+    async def _reap(self) -> None:
+        await asyncio.to_thread(_wait_or_kill, self.proc)
         if not self.exited.done():
             self.exited.set_result(None)
         self._owner._ended(self)
+
+
+def _wait_or_kill(proc: subprocess.Popen[bytes]) -> None:
+    """Reap a child whose stdout ended: it exits on its own, else it is killed after
+    :data:`EXIT_DEADLINE_S` (blocking: run in a thread)."""
+    try:
+        proc.wait(EXIT_DEADLINE_S)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
 
 
 class AttemptProcess:
@@ -118,7 +137,6 @@ class AttemptProcess:
 
     def __init__(self, kind: EventLoopKind) -> None:
         self._kind = kind
-        self._transport: asyncio.SubprocessTransport | None = None
         self._protocol: _ChildProtocol | None = None
         self._writer: asyncio.WriteTransport | None = None
         self._pending: dict[int, asyncio.Future[Attempt]] = {}
@@ -150,22 +168,39 @@ class AttemptProcess:
                 raise RuntimeError("the webhook attempt process is closed")
             loop = asyncio.get_running_loop()
             ready = self._ready = loop.create_future()
-            transport, protocol = await loop.subprocess_exec(
-                lambda: _ChildProtocol(self),
-                sys.executable,
-                "-m",
-                "whip.webhooks.attempt_process",
-                self._kind,
+            # subprocess.Popen, not the loop's subprocess_exec: this runs on the delivery
+            # thread while other threads hold locks, and uvloop's spawn runs Python in the
+            # forked child before exec, which hung there on a lock held at fork time (seen
+            # in a full test run). Popen's child runs only C between fork and exec.
+            proc = await asyncio.to_thread(
+                subprocess.Popen,
+                [sys.executable, "-m", "whip.webhooks.attempt_process", self._kind],
                 stdin=subprocess.PIPE,
                 stdout=subprocess.PIPE,
-                stderr=None,
+                close_fds=True,
             )
-            self._transport, self._protocol = transport, protocol
-            self.pid = transport.get_pid()
+            assert proc.stdin is not None and proc.stdout is not None
+            protocol = _ChildProtocol(self, proc)
+            try:
+                writer, _ = await loop.connect_write_pipe(asyncio.Protocol, proc.stdin)
+                await loop.connect_read_pipe(lambda: protocol, proc.stdout)
+            except BaseException:
+                proc.kill()
+                await asyncio.to_thread(proc.wait)
+                raise
+            self._protocol = protocol
+            self.pid = proc.pid
             self.starts += 1
-            writer = cast(asyncio.WriteTransport, transport.get_pipe_transport(0))
             self._writer = writer
-            await ready
+            try:
+                async with asyncio.timeout(START_DEADLINE_S):
+                    await ready
+            except TimeoutError:
+                proc.kill()
+                raise OSError(
+                    f"the webhook attempt process {proc.pid} was not ready within"
+                    f" {START_DEADLINE_S} s (killed)"
+                ) from None
             logger.info("webhook attempt process %d started", self.pid)
             return writer
 
@@ -186,12 +221,12 @@ class AttemptProcess:
         """The child exited: every attempt in flight failed."""
         if protocol is not self._protocol:
             return
-        transport = self._transport
+        writer = self._writer
         pid = self.pid
         self._writer = None
-        self._transport = self._protocol = None
-        if transport is not None:
-            transport.close()
+        self._protocol = None
+        if writer is not None:
+            writer.close()
         if self._ready is not None and not self._ready.done():
             self._ready.set_exception(OSError("the webhook attempt process exited at start"))
         pending, self._pending = self._pending, {}
@@ -248,8 +283,8 @@ class AttemptProcess:
         Cancellation: the child is killed.
         """
         self._closing = True
-        transport, protocol, writer = self._transport, self._protocol, self._writer
-        if transport is None or protocol is None:
+        protocol, writer = self._protocol, self._writer
+        if protocol is None:
             return
         if writer is not None:
             writer.close()
@@ -260,9 +295,8 @@ class AttemptProcess:
             logger.error("webhook attempt process %s did not exit; killed", self.pid)
         finally:
             if not protocol.exited.done():
-                transport.kill()
+                protocol.proc.kill()
                 await asyncio.shield(protocol.exited)
-            transport.close()
 
 
 # ---------------------------------------------------------------------- the child
