@@ -169,9 +169,9 @@ class AttemptProcess:
             loop = asyncio.get_running_loop()
             ready = self._ready = loop.create_future()
             # subprocess.Popen, not the loop's subprocess_exec: this runs on the delivery
-            # thread while other threads hold locks, and uvloop's spawn runs Python in the
-            # forked child before exec, which hung there on a lock held at fork time (seen
-            # in a full test run). Popen's child runs only C between fork and exec.
+            # thread while other threads run, and uvloop's forked child once hung between
+            # fork and exec, on a futex (seen in a full test run; most likely a lock held
+            # at fork time). Popen's child runs only C between fork and exec.
             proc = await asyncio.to_thread(
                 subprocess.Popen,
                 [sys.executable, "-m", "whip.webhooks.attempt_process", self._kind],
