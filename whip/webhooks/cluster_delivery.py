@@ -50,8 +50,8 @@ import contextlib
 import logging
 import random
 import time
-from collections import Counter
 from collections.abc import Callable
+from typing import NoReturn
 
 import aiohttp
 import asyncpg
@@ -69,8 +69,8 @@ from registry.pg.webhook_store import (
     WebhookStore,
 )
 from whip.webhooks.config import WebhookConfig
-from whip.webhooks.delivery import Attempt, attempt, new_http_session, retry_delay, shown_url
-from whip.webhooks.signing import headers, message_body, message_id
+from whip.webhooks.delivery import Attempt, attempt, new_http_session, shown_url
+from whip.webhooks.send_loop import SendLoop
 
 logger = logging.getLogger(__name__)
 
@@ -96,7 +96,7 @@ class LeaseEndedError(Exception):
     """This node no longer delivers the webhook (fenced, or the lease was handed over)."""
 
 
-class ClusterWebhookDeliverer:
+class ClusterWebhookDeliverer(SendLoop):
     """Delivers one webhook from one node while it holds the webhook's lease (module rules)."""
 
     def __init__(
@@ -124,7 +124,6 @@ class ClusterWebhookDeliverer:
         self._done: dict[str, int] = {}
         """Run -> cursor moved by this node under the current lease, not yet known saved."""
         self._slots: dict[str, asyncio.Task[None]] = {}
-        self._in_delivery: dict[str, int] = {}
         self._lead: asyncio.Task[None] | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._http: aiohttp.ClientSession | None = None
@@ -134,13 +133,9 @@ class ClusterWebhookDeliverer:
         self._saved_done: dict[str, int] | None = None
         self._saved_outcome: Outcome | None = None
         self._store_failing = False
-        self.outcomes: Counter[str] = Counter()
         self.handovers = 0
         """Times this node took the lease."""
-        self.last_status: int | None = None
-        self.last_error: str | None = None
-        self.last_attempt_ms: int | None = None
-        self.last_success_ms: int | None = None
+        self._init_send_loop()
 
     @property
     def name(self) -> str:
@@ -361,59 +356,25 @@ class ClusterWebhookDeliverer:
                 del self._slots[run_id]
 
     async def _deliver(self, event: Event) -> None:
-        """Send one event until a 2xx; raises :class:`LeaseEndedError` when this node stops
-        delivering (410 included). Cancellation: the attempt in flight is abandoned."""
-        body = message_body(event)
-        msg_id = message_id(event)
-        failures = 0
-        self._in_delivery[event.run_id] = event.ts_ms
-        try:
-            while True:
-                lease = self.lease
-                if lease is None or not self.delivering or self._http is None:
-                    raise LeaseEndedError(self.name)
-                result = await attempt(
-                    self._http,
-                    self.webhook.url,
-                    body,
-                    headers(self.webhook.secret_key, msg_id, int(time.time()), body),
-                    self.webhook.timeout_s,
-                )
-                self._record(result, event, failures + 1)
-                if result.ok:
-                    return
-                if result.outcome == "gone":
-                    await self._disable(lease, event)
-                    raise LeaseEndedError(self.name)
-                failures += 1
-                await asyncio.sleep(
-                    retry_delay(
-                        failures, self.webhook.retry_min_s, self.webhook.retry_max_s, self._rng
-                    )
-                )
-        finally:
-            self._in_delivery.pop(event.run_id, None)
+        """Send one event until a 2xx (:mod:`whip.webhooks.send_loop`); raises
+        :class:`LeaseEndedError` when this node stops delivering (410 included).
+        Cancellation: the attempt in flight is abandoned."""
 
-    def _record(self, result: Attempt, event: Event, number: int) -> None:
-        now = time.time_ns() // 1_000_000
-        self.outcomes[result.outcome] += 1
-        self.last_status = result.status
-        self.last_attempt_ms = now
-        if result.ok:
-            self.last_success_ms = now
-            self.last_error = None
-            return
-        self.last_error = result.error
-        if number == 1 or number % 10 == 0:
-            logger.warning(
-                "webhook %s: run %s seq %d attempt %d failed (%s): %s",
-                self.name,
-                event.run_id,
-                event.seq,
-                number,
-                result.outcome,
-                result.error,
-            )
+        def may_send() -> DeliveryLease:
+            lease = self.lease
+            if lease is None or not self.delivering or self._http is None:
+                raise LeaseEndedError(self.name)
+            return lease
+
+        async def send_once(body: bytes, signed: dict[str, str]) -> Attempt:
+            assert self._http is not None
+            return await attempt(self._http, self.webhook.url, body, signed, self.webhook.timeout_s)
+
+        async def gone(event: Event, lease: DeliveryLease) -> NoReturn:
+            await self._disable(lease, event)
+            raise LeaseEndedError(self.name)
+
+        await self._send_until_accepted(event, may_send, send_once, gone)
 
     async def _disable(self, lease: DeliveryLease, event: Event) -> None:
         if self.disabled is not None:

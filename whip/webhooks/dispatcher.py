@@ -48,8 +48,9 @@ import asyncio
 import logging
 import random
 import time
-from collections import Counter, deque
+from collections import deque
 from dataclasses import dataclass
+from typing import NoReturn
 
 import aiohttp
 
@@ -60,8 +61,8 @@ from registry.webhook_mark import DisabledMark
 from whip.webhooks.attempt_process import AttemptProcess
 from whip.webhooks.config import WebhookConfig
 from whip.webhooks.cursor import DEFAULT_MAX_AHEAD, CursorState, CursorStore, DeliveryLedger
-from whip.webhooks.delivery import Attempt, attempt, new_http_session, retry_delay, shown_url
-from whip.webhooks.signing import headers, message_body, message_id
+from whip.webhooks.delivery import Attempt, attempt, new_http_session, shown_url
+from whip.webhooks.send_loop import SendLoop
 
 logger = logging.getLogger(__name__)
 
@@ -82,7 +83,7 @@ class RunSlot:
     more: bool = False
 
 
-class WebhookDispatcher:
+class WebhookDispatcher(SendLoop):
     """Delivers one webhook's events (module rules)."""
 
     def __init__(
@@ -111,14 +112,8 @@ class WebhookDispatcher:
         self.sender: AttemptProcess | None = None
         """Where the attempts are made (set before :meth:`start`; None: on this loop)."""
         self._started = False
-        self._in_delivery: dict[str, int] = {}
-        """Run id -> ts_ms of the event being delivered (lag in seconds)."""
         self.disabled = False
-        self.outcomes: Counter[str] = Counter()
-        self.last_status: int | None = None
-        self.last_error: str | None = None
-        self.last_attempt_ms: int | None = None
-        self.last_success_ms: int | None = None
+        self._init_send_loop()
 
     @property
     def name(self) -> str:
@@ -332,69 +327,27 @@ class WebhookDispatcher:
             self._slots.pop(run_id, None)
 
     async def _deliver(self, event: Event) -> None:
-        """Send one event until a 2xx; raises :class:`WebhookDisabledError` on 410.
+        """Send one event until a 2xx (:mod:`whip.webhooks.send_loop`); raises
+        :class:`WebhookDisabledError` on 410 or once stopped.
 
         Cancellation: the attempt in flight is abandoned (sent again after a restart).
         """
-        body = message_body(event)
-        msg_id = message_id(event)
-        failures = 0
-        self._in_delivery[event.run_id] = event.ts_ms
-        try:
-            while True:
-                if self.disabled or not self._started:
-                    raise WebhookDisabledError(self.name)
-                signed = headers(self.webhook.secret_key, msg_id, int(time.time()), body)
-                if self.sender is not None:
-                    result = await self.sender.attempt(self.webhook, body, signed)
-                else:
-                    assert self._http is not None
-                    result = await attempt(
-                        self._http, self.webhook.url, body, signed, self.webhook.timeout_s
-                    )
-                self._record(result, event, failures + 1)
-                if result.ok:
-                    return
-                if result.outcome == "gone":
-                    self._disable(event)
-                    raise WebhookDisabledError(self.name)
-                failures += 1
-                await asyncio.sleep(
-                    retry_delay(
-                        failures, self.webhook.retry_min_s, self.webhook.retry_max_s, self._rng
-                    )
-                )
-        finally:
-            self._in_delivery.pop(event.run_id, None)
 
-    def _record(self, result: Attempt, event: Event, number: int) -> None:
-        now_ms = time.time_ns() // 1_000_000
-        self.outcomes[result.outcome] += 1
-        self.last_status = result.status
-        self.last_attempt_ms = now_ms
-        if result.ok:
-            self.last_success_ms = now_ms
-            self.last_error = None
-            if number > 1:
-                logger.info(
-                    "webhook %s: run %s seq %d delivered after %d attempts",
-                    self.name,
-                    event.run_id,
-                    event.seq,
-                    number,
-                )
-            return
-        self.last_error = result.error
-        log = logger.warning if number == 1 or number % 10 == 0 else logger.debug
-        log(
-            "webhook %s: run %s seq %d attempt %d failed (%s): %s",
-            self.name,
-            event.run_id,
-            event.seq,
-            number,
-            result.outcome,
-            result.error,
-        )
+        def may_send() -> None:
+            if self.disabled or not self._started:
+                raise WebhookDisabledError(self.name)
+
+        async def send_once(body: bytes, signed: dict[str, str]) -> Attempt:
+            if self.sender is not None:
+                return await self.sender.attempt(self.webhook, body, signed)
+            assert self._http is not None
+            return await attempt(self._http, self.webhook.url, body, signed, self.webhook.timeout_s)
+
+        async def gone(event: Event, _token: None) -> NoReturn:
+            self._disable(event)
+            raise WebhookDisabledError(self.name)
+
+        await self._send_until_accepted(event, may_send, send_once, gone)
 
     def _disable(self, event: Event) -> None:
         if self.disabled:
