@@ -11,26 +11,11 @@ import hashlib
 import ipaddress
 from collections.abc import Sequence
 
+from whip.sdp.lines import join_sections, split_sections
 from whip.sdp.model import AnswerMismatchError, Direction, NothingReceivableError, OfferSummary
 from whip.sdp.parse import PAYLOAD_TYPE
 
 _DIRECTIONS = tuple(f"a={d}" for d in Direction)
-
-
-def _blocks(sdp: str) -> tuple[list[str], list[list[str]]]:
-    session: list[str] = []
-    media: list[list[str]] = []
-    for raw in sdp.split("\n"):
-        line = raw.removesuffix("\r")
-        if line.startswith("m="):
-            media.append([line])
-        elif line:
-            (media[-1] if media else session).append(line)
-    return session, media
-
-
-def _join(session: list[str], media: list[list[str]]) -> str:
-    return "\r\n".join([*session, *(line for block in media for line in block)]) + "\r\n"
 
 
 def _pt_of(line: str) -> int | None:
@@ -120,8 +105,8 @@ def add_host_candidates(sdp: str, hosts: Sequence[str]) -> str:
     the server's socket. Addresses already present are skipped. ``hosts`` must be IP
     literals (ValueError otherwise).
     """
-    session, media = _blocks(sdp)
-    return _join(session, [_host_candidates(block, hosts) for block in media])
+    session, media = split_sections(sdp)
+    return join_sections(session, [_host_candidates(block, hosts) for block in media])
 
 
 def finalize_answer(sdp: str, summary: OfferSummary, public_hosts: Sequence[str] = ()) -> str:
@@ -134,7 +119,7 @@ def finalize_answer(sdp: str, summary: OfferSummary, public_hosts: Sequence[str]
     Raises :class:`AnswerMismatchError` when the answer's sections do not match the
     offer's, :class:`NothingReceivableError` when no section is left.
     """
-    session, media = _blocks(sdp)
+    session, media = split_sections(sdp)
     if len(media) != len(summary.sections):
         raise AnswerMismatchError(
             f"answer has {len(media)} media sections, the offer {len(summary.sections)}"
@@ -157,7 +142,7 @@ def finalize_answer(sdp: str, summary: OfferSummary, public_hosts: Sequence[str]
     if not accepted:
         raise NothingReceivableError("the media stack accepted none of the receivable codecs")
     session = [_without_mids(line, rejected) for line in session if line not in _DIRECTIONS]
-    return _join([line for line in session if line != "a=group:BUNDLE"], out)
+    return join_sections([line for line in session if line != "a=group:BUNDLE"], out)
 
 
 def _without_mids(line: str, mids: set[str]) -> str:

@@ -28,6 +28,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from whip.rtc.twcc import TRANSPORT_CC_URI
+from whip.sdp.lines import join_sections, split_sections
 
 
 @dataclass(frozen=True, slots=True)
@@ -44,17 +45,6 @@ class TransportCcOffer:
         return self.extension_id is not None and bool(self.feedback_payload_types & payload_types)
 
 
-def _sections(sdp: str) -> list[list[str]]:
-    sections: list[list[str]] = []
-    for raw in sdp.split("\n"):
-        line = raw.removesuffix("\r")
-        if line.startswith("m="):
-            sections.append([line])
-        elif sections and line:
-            sections[-1].append(line)
-    return sections
-
-
 def _payload_types(m_line: str) -> set[int]:
     return {int(f) for f in m_line.split()[3:] if f.isdigit()}
 
@@ -62,7 +52,7 @@ def _payload_types(m_line: str) -> set[int]:
 def offered_transport_cc(offer_sdp: str) -> list[TransportCcOffer]:
     """One :class:`TransportCcOffer` per media section of ``offer_sdp``, in order."""
     found: list[TransportCcOffer] = []
-    for section in _sections(offer_sdp):
+    for section in split_sections(offer_sdp)[1]:
         extension_id: int | None = None
         feedback: set[int] = set()
         for line in section[1:]:
@@ -85,7 +75,7 @@ def offered_transport_cc(offer_sdp: str) -> list[TransportCcOffer]:
 
 def offers_transport_cc_video(offer_sdp: str) -> bool:
     """True when a video section of ``offer_sdp`` offers transport-cc (module doc)."""
-    kinds = [section[0][2:].split(" ", 1)[0] for section in _sections(offer_sdp)]
+    kinds = [section[0][2:].split(" ", 1)[0] for section in split_sections(offer_sdp)[1]]
     offers = offered_transport_cc(offer_sdp)
     return any(
         kind == "video" and offer.extension_id is not None and offer.feedback_payload_types
@@ -99,32 +89,16 @@ def announce_ceiling(answer_sdp: str, max_bitrate_bps: int) -> str:
     if max_bitrate_bps <= 0:
         return answer_sdp
     bandwidth = [f"b=AS:{max(1, max_bitrate_bps // 1000)}", f"b=TIAS:{max_bitrate_bps}"]
-    out: list[str] = []
-    section: list[str] | None = None
-
-    def close() -> None:
-        if section is None:
-            return
+    session, media = split_sections(answer_sdp)
+    out = list(session)
+    for section in media:
         kind, port = section[0][2:].split()[:2]
         kept = [line for line in section if not line.startswith(("b=AS:", "b=TIAS:"))]
         if kind == "video" and port != "0":
             at = next((i + 1 for i, line in enumerate(kept) if line.startswith("c=")), 1)
             kept[at:at] = bandwidth
         out.extend(kept)
-
-    for raw in answer_sdp.split("\n"):
-        line = raw.removesuffix("\r")
-        if not line:
-            continue
-        if line.startswith("m="):
-            close()
-            section = [line]
-        elif section is None:
-            out.append(line)
-        else:
-            section.append(line)
-    close()
-    return "\r\n".join(out) + "\r\n"
+    return join_sections(out, [])
 
 
 def announce_start_bitrate(answer_sdp: str, start_bitrate_bps: int) -> str:
@@ -133,11 +107,9 @@ def announce_start_bitrate(answer_sdp: str, start_bitrate_bps: int) -> str:
     if start_bitrate_bps <= 0:
         return answer_sdp
     parameter = f"x-google-start-bitrate={max(1, start_bitrate_bps // 1000)}"
-    out: list[str] = []
-    for section in [[line] for line in _session_lines(answer_sdp)] + _sections(answer_sdp):
-        if not section[0].startswith("m="):
-            out.extend(section)
-            continue
+    session, media = split_sections(answer_sdp)
+    out = list(session)
+    for section in media:
         kind, port = section[0][2:].split()[:2]
         if kind != "video" or port == "0":
             out.extend(section)
@@ -169,15 +141,4 @@ def announce_start_bitrate(answer_sdp: str, start_bitrate_bps: int) -> str:
                 )
                 lines.insert(at + 1, f"a=fmtp:{pt} {parameter}")
         out.extend(lines)
-    return "\r\n".join(out) + "\r\n"
-
-
-def _session_lines(sdp: str) -> list[str]:
-    lines: list[str] = []
-    for raw in sdp.split("\n"):
-        line = raw.removesuffix("\r")
-        if line.startswith("m="):
-            break
-        if line:
-            lines.append(line)
-    return lines
+    return join_sections(out, [])

@@ -29,6 +29,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
+from whip.sdp.lines import join_sections, split_sections
 from whip.sdp.model import SdpError
 
 RID_URI = "urn:ietf:params:rtp-hdrext:sdes:rtp-stream-id"
@@ -88,17 +89,6 @@ def decoded_layers(offer: SimulcastOffer, mode: str) -> int:
     return len(offer.rids) if mode == "all" else 1
 
 
-def _sections(sdp: str) -> list[list[str]]:
-    sections: list[list[str]] = []
-    for raw in sdp.split("\n"):
-        line = raw.removesuffix("\r")
-        if line.startswith("m="):
-            sections.append([line])
-        elif sections and line:
-            sections[-1].append(line)
-    return sections
-
-
 def _send_list(value: str, index: int) -> tuple[str, list[str], set[str]]:
     """(the send list, its RIDs in list order, the paused ones) of an ``a=simulcast`` value."""
     words = value.split()
@@ -130,7 +120,7 @@ def offered_simulcast(offer_sdp: str) -> dict[int, SimulcastOffer]:
     Raises :class:`SdpError` (400) for a malformed or oversized simulcast description.
     """
     found: dict[int, SimulcastOffer] = {}
-    for index, section in enumerate(_sections(offer_sdp)):
+    for index, section in enumerate(split_sections(offer_sdp)[1]):
         send_rids: list[str] = []
         simulcast: str | None = None
         extensions: list[tuple[str, int]] = []
@@ -170,15 +160,9 @@ def answer_simulcast(answer_sdp: str, offers: dict[int, SimulcastOffer]) -> str:
     or ``a=simulcast`` lines of that section are replaced."""
     if not offers:
         return answer_sdp
-    session: list[str] = []
-    for raw in answer_sdp.split("\n"):
-        line = raw.removesuffix("\r")
-        if line.startswith("m="):
-            break
-        if line:
-            session.append(line)
+    session, media = split_sections(answer_sdp)
     out = list(session)
-    for index, section in enumerate(_sections(answer_sdp)):
+    for index, section in enumerate(media):
         offer = offers.get(index)
         if offer is None or section[0].split()[1:2] == ["0"]:
             out.extend(section)
@@ -187,4 +171,4 @@ def answer_simulcast(answer_sdp: str, offers: dict[int, SimulcastOffer]) -> str:
         at = next((i + 1 for i, line in enumerate(kept) if line.startswith("a=mid:")), len(kept))
         kept[at:at] = offer.answer_lines()
         out.extend(kept)
-    return "\r\n".join(out) + "\r\n"
+    return join_sections(out, [])
