@@ -36,6 +36,8 @@ Every detector takes any bytes and returns a bool: none raises.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+
 from pipeline.av1_obu import (
     OBU_FRAME,
     OBU_FRAME_HEADER,
@@ -64,32 +66,29 @@ VP9_KEYFRAME_HEADER_BYTES = 5
 """Up to 9 header bits, then the 24-bit sync code."""
 
 
-def h264_nal_types(annexb: bytes) -> list[int]:
-    """The NAL unit types of an Annex-B buffer, in order (empty for no start code).
-
-    A NAL whose header has the forbidden_zero_bit set is skipped (it is not H.264).
-    """
-    types: list[int] = []
+def _nal_headers(annexb: bytes) -> Iterator[int]:
+    """The first header byte of each NAL unit of an Annex-B buffer, in order, skipping
+    those with the forbidden_zero_bit set (the same bit in H.264 and H.265)."""
     n = len(annexb)
     i = annexb.find(_START_CODE)
     while i >= 0 and i + 3 < n:
         header = annexb[i + 3]
         if header & 0x80 == 0:
-            types.append(header & 0x1F)
+            yield header
         i = annexb.find(_START_CODE, i + 3)
-    return types
+
+
+def h264_nal_types(annexb: bytes) -> list[int]:
+    """The NAL unit types of an Annex-B buffer, in order (empty for no start code).
+
+    A NAL whose header has the forbidden_zero_bit set is skipped (it is not H.264).
+    """
+    return [header & 0x1F for header in _nal_headers(annexb)]
 
 
 def h264_is_keyframe(annexb: bytes) -> bool:
     """True when the Annex-B access unit carries an IDR slice (NAL type 5)."""
-    n = len(annexb)
-    i = annexb.find(_START_CODE)
-    while i >= 0 and i + 3 < n:
-        header = annexb[i + 3]
-        if header & 0x80 == 0 and header & 0x1F == H264_NAL_IDR:
-            return True
-        i = annexb.find(_START_CODE, i + 3)
-    return False
+    return any(header & 0x1F == H264_NAL_IDR for header in _nal_headers(annexb))
 
 
 def vp8_is_keyframe(frame: bytes) -> bool:
@@ -106,27 +105,14 @@ def h265_nal_types(annexb: bytes) -> list[int]:
 
     A NAL whose header has the forbidden_zero_bit set is skipped (it is not H.265).
     """
-    types: list[int] = []
-    n = len(annexb)
-    i = annexb.find(_START_CODE)
-    while i >= 0 and i + 3 < n:
-        header = annexb[i + 3]
-        if header & 0x80 == 0:
-            types.append((header >> 1) & 0x3F)
-        i = annexb.find(_START_CODE, i + 3)
-    return types
+    return [(header >> 1) & 0x3F for header in _nal_headers(annexb)]
 
 
 def h265_is_keyframe(annexb: bytes) -> bool:
     """True when the Annex-B access unit carries an IRAP VCL NAL unit (types 16..21)."""
-    n = len(annexb)
-    i = annexb.find(_START_CODE)
-    while i >= 0 and i + 3 < n:
-        header = annexb[i + 3]
-        if header & 0x80 == 0 and H265_IRAP_FIRST <= (header >> 1) & 0x3F <= H265_IRAP_LAST:
-            return True
-        i = annexb.find(_START_CODE, i + 3)
-    return False
+    return any(
+        H265_IRAP_FIRST <= (header >> 1) & 0x3F <= H265_IRAP_LAST for header in _nal_headers(annexb)
+    )
 
 
 def av1_is_keyframe(temporal_unit: bytes) -> bool:
