@@ -34,6 +34,8 @@ Usage::
     .venv/bin/python bench/ramp.py                 # default, no-start and remb; busy camera
     .venv/bin/python bench/ramp.py --camera fake --seconds 10 --modes default no-start
     .venv/bin/python bench/ramp.py --modes default --start-bps 500000 2000000
+    .venv/bin/python bench/ramp.py --camera medium --modes default \\
+        --ceiling-bps 6000000 6000000:2500000
 """
 
 from __future__ import annotations
@@ -69,6 +71,19 @@ MODES: dict[str, dict[str, str]] = {
         "WHIP_INGEST_PIPELINE_START_BITRATE_BPS": "1000000",
     },
 }
+
+
+def ceiling_mode(spec: str) -> tuple[str, dict[str, str]]:
+    """``N`` or ``N:START``: transport-cc with ``pipeline.max_bitrate_bps`` = N announced
+    (b=AS/b=TIAS and the REMB cap), and the start bitrate START (default: the server's)."""
+    ceiling, _, start = spec.partition(":")
+    env = {
+        "WHIP_INGEST_PIPELINE_TRANSPORT_CC": "true",
+        "WHIP_INGEST_PIPELINE_MAX_BITRATE_BPS": str(int(ceiling)),
+    }
+    if start:
+        env["WHIP_INGEST_PIPELINE_START_BITRATE_BPS"] = str(int(start))
+    return f"ceiling-{spec}", env
 
 
 def start_mode(bps: int) -> tuple[str, dict[str, str]]:
@@ -201,9 +216,16 @@ async def main() -> None:
     parser.add_argument(
         "--start-bps", nargs="*", type=int, default=[], help="add a start-N mode per value"
     )
+    parser.add_argument(
+        "--ceiling-bps",
+        nargs="*",
+        default=[],
+        help="add a ceiling mode per value, N or N:START (max bitrate N announced, start START)",
+    )
     args = parser.parse_args()
     modes = {mode: MODES[mode] for mode in args.modes}
     modes.update(start_mode(bps) for bps in args.start_bps)
+    modes.update(ceiling_mode(spec) for spec in args.ceiling_bps)
     with tempfile.TemporaryDirectory(prefix="bench-ramp-") as tmp:
         work = Path(tmp)
         camera = ["--use-fake-device-for-media-stream=fps=30"]
