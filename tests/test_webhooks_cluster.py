@@ -38,7 +38,7 @@ from registry.pg.timeline import ClusterTimeline, ClusterTimelineConfig
 from registry.pg.webhook_store import DeliveryLeaseLostError, Outcome, WebhookStore
 from tests.support.eventually import eventually
 from tests.support.webhook_receivers import Endpoint, Receivers
-from whip.appkeys import CLUSTER_KEY
+from whip.appkeys import CLUSTER_KEY, WEBHOOKS_KEY
 from whip.webhooks.cluster_delivery import ClusterWebhookDeliverer
 from whip.webhooks.cluster_service import ClusterWebhooks
 from whip.webhooks.config import WebhookConfig, parse_webhooks
@@ -317,6 +317,16 @@ async def test_two_cluster_servers_one_deliverer_any_node_shows_it(
     states = [item["state"] for item in items]
     assert sorted(states) == ["delivering", "standby"], states
     assert all(item["cursor"] == 2 and "whsec" not in str(item) for item in items)
+    # Each node makes its attempts in its own child process, as an embedded server does.
+    made = []
+    for server in servers:
+        (node_deliverer,) = server.app[WEBHOOKS_KEY]
+        assert isinstance(node_deliverer, ClusterWebhookDeliverer)
+        sender = node_deliverer.sender
+        assert sender is not None and sender.pid not in (None, os.getpid())
+        made.append(sender.attempts)
+        assert sender.attempts == node_deliverer.outcomes["success"]
+    assert sorted(made) == [0, 2], made  # the delivering node's child made both
 
 
 async def test_a_fenced_node_stops_delivering_and_the_webhook_moves_on(

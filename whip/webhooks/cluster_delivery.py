@@ -21,6 +21,9 @@ Rules (the store's side, the cursor rule and the lease, are in
   the lease epoch it claimed under (``writer()``, the node lease's current writer, a plain
   attribute read that is safe from any thread); the lead drops the delivery lease and
   cancels every run task as soon as it sees the node fenced or a save refused.
+- Attempts: in the node's attempt child (:attr:`ClusterWebhookDeliverer.sender`, set by
+  :mod:`whip.webhooks.cluster_service` before the start), else on this loop with its own
+  aiohttp client.
 - 410 Gone: the webhook is disabled durably (the mark in the store names the URL; every
   node then stands by, across restarts, until another URL is configured), logged.
 - Owned by one loop (the webhooks' delivery thread in the server): every field is written
@@ -68,6 +71,7 @@ from registry.pg.webhook_store import (
     WebhookRow,
     WebhookStore,
 )
+from whip.webhooks.attempt_process import AttemptProcess
 from whip.webhooks.config import WebhookConfig
 from whip.webhooks.delivery import Attempt, attempt, new_http_session, shown_url
 from whip.webhooks.send_loop import SendLoop
@@ -127,6 +131,10 @@ class ClusterWebhookDeliverer(SendLoop):
         self._lead: asyncio.Task[None] | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._http: aiohttp.ClientSession | None = None
+        self.sender: AttemptProcess | None = None
+        """Where the attempts are made (set before :meth:`start`; None: on this loop)."""
+        self._open = False
+        """Between :meth:`start` and the stop of its tasks: attempts may be made."""
         self._row: WebhookRow | None = None
         self._row_read_at = -float("inf")
         self._woken = asyncio.Event()
@@ -163,11 +171,14 @@ class ClusterWebhookDeliverer(SendLoop):
                 self.disabled.at_ms,
                 shown_url(self.disabled.url),
             )
-        self._http = new_http_session(self.webhook.max_parallel_runs)
+        if self.sender is None:
+            self._http = new_http_session(self.webhook.max_parallel_runs)
+        self._open = True
         self._lead = asyncio.create_task(self._lead_loop(), name=f"webhook-{self.name}-lead")
 
     async def _stop_tasks(self) -> None:
         tasks = [t for t in (self._lead, *self._slots.values()) if t is not None]
+        self._open = False
         self._lead = None
         self._slots.clear()
         for task in tasks:
@@ -362,11 +373,13 @@ class ClusterWebhookDeliverer(SendLoop):
 
         def may_send() -> DeliveryLease:
             lease = self.lease
-            if lease is None or not self.delivering or self._http is None:
+            if lease is None or not self.delivering or not self._open:
                 raise LeaseEndedError(self.name)
             return lease
 
         async def send_once(body: bytes, signed: dict[str, str]) -> Attempt:
+            if self.sender is not None:
+                return await self.sender.attempt(self.webhook, body, signed)
             assert self._http is not None
             return await attempt(self._http, self.webhook.url, body, signed, self.webhook.timeout_s)
 

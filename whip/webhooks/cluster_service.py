@@ -17,9 +17,11 @@ Rules:
   deliverer); :func:`forget_unconfigured_in_store` does the same for a node with no webhooks.
 - Each deliverer reads the node lease's current writer (an attribute read, safe from
   this thread): a fenced node delivers nothing.
+- Given an :class:`~whip.webhooks.attempt_process.AttemptProcess`, it is started before
+  the first deliverer and handed to each (their HTTP attempts are made in that child).
 - Exit order: the listener task and connection, then every deliverer (reverse order;
-  each saves its cursors and gives its lease up), then the pool; failures are collected
-  and raised together.
+  each saves its cursors and gives its lease up), then the attempt child, then the pool;
+  failures are collected and raised together.
 
 Imported only in cluster mode (it imports asyncpg).
 """
@@ -34,6 +36,7 @@ import asyncpg
 
 from registry.pg.batches import EVENTS_CHANNEL, Writer
 from registry.pg.webhook_store import WebhookStore
+from whip.webhooks.attempt_process import AttemptProcess
 from whip.webhooks.cluster_delivery import STORE_ERRORS, ClusterWebhookDeliverer
 from whip.webhooks.config import WebhookConfig
 
@@ -71,8 +74,17 @@ async def forget_unconfigured_in_store(store_url: str, webhooks: tuple[WebhookCo
 class ClusterWebhooks:
     """Cluster mode's deliverers on the delivery loop (module rules). Loop-only."""
 
-    def __init__(self, store_url: str, writer: Callable[[], Writer | None], poll_s: float):
+    def __init__(
+        self,
+        store_url: str,
+        writer: Callable[[], Writer | None],
+        poll_s: float,
+        *,
+        attempts: AttemptProcess | None = None,
+    ) -> None:
         self._store_url = store_url
+        self.attempts = attempts
+        """The child the deliverers make their attempts in (started first, closed last)."""
         self._writer = writer
         self._poll_s = poll_s
         self._pool: asyncpg.Pool | None = None
@@ -90,10 +102,13 @@ class ClusterWebhooks:
                 self._store_url, min_size=1, max_size=min(pool_size, 16), timeout=5.0
             )
             store = WebhookStore(self._pool)
+            if self.attempts is not None:
+                await self.attempts.start()
             for webhook in webhooks:
                 deliverer = ClusterWebhookDeliverer(
                     webhook, store, self._writer, poll_s=self._poll_s
                 )
+                deliverer.sender = self.attempts
                 await deliverer.start()
                 self.deliverers.append(deliverer)
             await _forget(store, webhooks)
@@ -127,6 +142,12 @@ class ClusterWebhooks:
                 logger.error("cleanup: webhook %s did not close cleanly: %r", deliverer.name, exc)
                 errors.append(exc)
         self.deliverers.clear()
+        if self.attempts is not None:
+            try:
+                await self.attempts.aclose()
+            except Exception as exc:
+                logger.error("cleanup: the webhook attempt process did not close: %r", exc)
+                errors.append(exc)
         pool, self._pool = self._pool, None
         if pool is not None:
             try:

@@ -17,7 +17,8 @@ Rules:
   :class:`~whip.webhooks.cluster_delivery.ClusterWebhookDeliverer` per entry instead
   (:class:`~whip.webhooks.cluster_service.ClusterWebhooks`: cursors and the delivery
   lease in the store, one node delivering each webhook; the module is imported only
-  then); its exit saves each cursor and gives each lease up before the node leaves.
+  then), their attempts in the same kind of child process; its exit saves each cursor
+  and gives each lease up before the node leaves, then closes the child.
 - Webhooks no longer configured are forgotten at start, before anything is delivered:
   embedded, their entries in the cursor file
   (:func:`~whip.webhooks.cursor.forget_unconfigured`); cluster mode, their rows in the store
@@ -251,7 +252,10 @@ async def _cluster_webhooks(
     config = app[CONFIG_KEY]
     cluster = app[CLUSTER_KEY]
     group = ClusterWebhooks(
-        config.cluster.store, cluster.lease.writer, cluster_poll_s(config.cluster.lease_s)
+        config.cluster.store,
+        cluster.lease.writer,
+        cluster_poll_s(config.cluster.lease_s),
+        attempts=AttemptProcess(config.server.event_loop),
     )
     thread = DeliveryThread(config.server.event_loop)
     await thread.start()
