@@ -37,15 +37,18 @@ largest passing N of each, and at every N both ran, the server CPU per session w
 mux over without it (target: at most 1.05; ``bench/support/udp_mux_compare.py``).
 
 The publisher's codec (``--codecs``, default ``ffmpeg``): ``ffmpeg`` is FFmpeg's WHIP
-muxer with the H.264 clip (above); ``h264``, ``h265`` and ``av1`` are OBS-shaped
+muxer with the H.264 clip (above); ``h264``, ``h265``, ``av1`` and ``vp9`` are OBS-shaped
 libdatachannel publishers (``bench/support/obs_push.py``: OBS's offer, libdatachannel's
 packetizers, Opus silence beside the video) replaying the same clip re-encoded once at
-start with the encoder OBS-shaped tests use (libx264 / libx265 / libsvtav1, GOP 30, no
-B-frames, the resolution's bitrate), so every codec decodes the same pictures;
-configurations are then named ``<config>:<codec>`` (``<config>:<codec>:nomux`` without
-the mux). ``codec_comparison`` sets the codecs side by side: per configuration the
-largest passing N and, at every N, the server CPU per session. VP9 has no libdatachannel
-packetizer and is not in the sweep.
+start with the encoder OBS-shaped tests use (libx264 / libx265 / libsvtav1 /
+libvpx-vp9 realtime without alt-ref frames, GOP 30, no B-frames, the resolution's
+bitrate), so every codec decodes the same pictures; configurations are then named
+``<config>:<codec>`` (``<config>:<codec>:nomux`` without the mux). libdatachannel has no
+VP9 packetizer: VP9's RTP packets (RFC 9628, non-flexible mode with a 15-bit picture id
+and the scalability structure on key frames, as libwebrtc writes them) come from
+``bench/support/vp9_rtp.py`` and go out through the track's sender reporter and NACK
+responder. ``codec_comparison`` sets the codecs side by side: per configuration the
+largest passing N and, at every N, the server CPU per session.
 
 Memory per session (``--memory``, instead of the sweep): for each N of ``--steps``
 (default 4, 8), twice on a fresh server: N *idle* sessions (aiortc publishers in one
@@ -64,7 +67,7 @@ Usage::
     .venv/bin/python bench/capacity.py --memory --memory-repeats 3   # about 8 min
     .venv/bin/python bench/capacity.py --quick    # one small step per configuration
     .venv/bin/python bench/capacity.py --only 720p:keyframes --steps 16,24,32
-    .venv/bin/python bench/capacity.py --only 720p:all --codecs h264,h265,av1 --udp-mux on
+    .venv/bin/python bench/capacity.py --only 720p:all --codecs h264,h265,av1,vp9 --udp-mux on
 """
 
 from __future__ import annotations
@@ -100,7 +103,7 @@ CONFIGS = {
     "360p:keyframes": ("360p", "keyframes", [24, 36, 48]),
 }
 SIZES = {"720p": (1280, 720, 2_500_000), "360p": (640, 360, 800_000)}
-CODECS = ("ffmpeg", "h264", "h265", "av1")
+CODECS = ("ffmpeg", "h264", "h265", "av1", "vp9")
 OBS_PUSH = REPO / "bench" / "support" / "obs_push.py"
 
 
@@ -283,6 +286,8 @@ def encode_frames(clip: Path, codec: str, bitrate: int, path: Path) -> int:
             encoder.options = dict(options)
             if codec == "av1":  # SVT-AV1 holds a bitrate in low delay only with CBR
                 encoder.options = {**options, "svtav1-params": f"{options['svtav1-params']}:rc=2"}
+            if codec == "vp9":  # CBR, as a real-time sender runs libvpx
+                encoder.options = {**options, "minrate": str(bitrate), "maxrate": str(bitrate)}
             for index, picture in enumerate(source.decode(stream)):
                 picture = picture.reformat(format="yuv420p")
                 picture.pts = index
