@@ -1,4 +1,4 @@
-"""OBS 32.1-shaped 3-layer simulcast from libdatachannel (tests/support/obs_simulcast.py):
+"""OBS 32.1-shaped 3-layer simulcast from libdatachannel (bench/support/obs_simulcast.py):
 one video m-line, ``a=rid:0..2 send``, ``a=simulcast:send 0;1;2``, the RTP stream id
 extension and no ``a=ssrc`` for video; libdatachannel's packetizers write the RID into every
 packet. The server accepts every layer, decodes the highest and reports all three in
@@ -13,9 +13,9 @@ from typing import Any
 import aiohttp
 from aiohttp.test_utils import TestServer
 
+from bench.support.obs_simulcast import LAYER_SIZES, RID_URI, ObsSimulcastPublisher
 from registry.timeline import Timeline
 from tests.support.eventually import eventually
-from tests.support.obs_simulcast import LAYER_SIZES, RID_URI, ObsSimulcastPublisher
 from tests.support.servers import wait_for_type
 from whip.appkeys import TIMELINE_KEY
 
