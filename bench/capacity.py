@@ -37,15 +37,34 @@ largest passing N of each, and at every N both ran, the server CPU per session w
 mux over without it (target: at most 1.05; ``bench/support/udp_mux_compare.py``).
 
 The publisher's codec (``--codecs``, default ``ffmpeg``): ``ffmpeg`` is FFmpeg's WHIP
-muxer with the H.264 clip (above); ``h264``, ``h265`` and ``av1`` are OBS-shaped
+muxer with the H.264 clip (above); ``h264``, ``h265``, ``av1`` and ``vp9`` are OBS-shaped
 libdatachannel publishers (``bench/support/obs_push.py``: OBS's offer, libdatachannel's
 packetizers, Opus silence beside the video) replaying the same clip re-encoded once at
-start with the encoder OBS-shaped tests use (libx264 / libx265 / libsvtav1, GOP 30, no
-B-frames, the resolution's bitrate), so every codec decodes the same pictures;
-configurations are then named ``<config>:<codec>`` (``<config>:<codec>:nomux`` without
-the mux). ``codec_comparison`` sets the codecs side by side: per configuration the
-largest passing N and, at every N, the server CPU per session. VP9 has no libdatachannel
-packetizer and is not in the sweep.
+start with the encoder OBS-shaped tests use (libx264 / libx265 / libsvtav1 /
+libvpx-vp9 realtime without alt-ref frames, GOP 30, no B-frames, the resolution's
+bitrate), so every codec decodes the same pictures; configurations are then named
+``<config>:<codec>`` (``<config>:<codec>:nomux`` without the mux). libdatachannel has no
+VP9 packetizer: VP9's RTP packets (RFC 9628, non-flexible mode with a 15-bit picture id
+and the scalability structure on key frames, as libwebrtc writes them) come from
+``bench/support/vp9_rtp.py`` and go out through the track's sender reporter and NACK
+responder. ``codec_comparison`` sets the codecs side by side: per configuration the
+largest passing N and, at every N, the server CPU per session.
+
+Simulcast (``--codecs simulcast``, 720p configurations only; named
+``<config>:simulcast``): OBS-shaped 3-layer H.264 publishers
+(``bench/support/obs_simulcast.py``: one video m-line, RIDs ``0``..``2``, no video
+``a=ssrc``) replaying the clip encoded once per layer at start (320x180 at 300 kb/s,
+640x360 at 800 kb/s, 1280x720 at 2.5 Mb/s; libx264 as ``h264``'s plus
+``profile=baseline``, GOP 30), against a server with ``pipeline.simulcast = highest``
+(``WHIP_INGEST_PIPELINE_SIMULCAST``). Its step passes on the decoded layer's figures, not
+a sum of layers: RTP loss <= 1 % (aiortc's receiver only sees the decoded layer), the
+final ``stats`` event's ``layers`` name exactly one decoded layer, the highest (by
+picture size), the only one the server ever chose (``simulcast_layer`` events
+``layer_decoded``), with its own ``frames_in`` >= 99 % of the frames sent per layer, and
+``frames_decoded`` >= 99 % of them. ``simulcast_comparison`` sets it beside the
+single-layer ``h264`` publisher (the same 720p stream alone): each's largest passing N
+and, at every N both ran, the server CPU per session of each and their ratio. Run both
+in one sweep: ``--codecs h264,simulcast``.
 
 Memory per session (``--memory``, instead of the sweep): for each N of ``--steps``
 (default 4, 8), twice on a fresh server: N *idle* sessions (aiortc publishers in one
@@ -64,7 +83,8 @@ Usage::
     .venv/bin/python bench/capacity.py --memory --memory-repeats 3   # about 8 min
     .venv/bin/python bench/capacity.py --quick    # one small step per configuration
     .venv/bin/python bench/capacity.py --only 720p:keyframes --steps 16,24,32
-    .venv/bin/python bench/capacity.py --only 720p:all --codecs h264,h265,av1 --udp-mux on
+    .venv/bin/python bench/capacity.py --only 720p:all --codecs h264,h265,av1,vp9 --udp-mux on
+    .venv/bin/python bench/capacity.py --only 720p:all --codecs h264,simulcast --udp-mux on
 """
 
 from __future__ import annotations
@@ -100,7 +120,7 @@ CONFIGS = {
     "360p:keyframes": ("360p", "keyframes", [24, 36, 48]),
 }
 SIZES = {"720p": (1280, 720, 2_500_000), "360p": (640, 360, 800_000)}
-CODECS = ("ffmpeg", "h264", "h265", "av1")
+CODECS = ("ffmpeg", "h264", "h265", "av1", "vp9", "simulcast")
 OBS_PUSH = REPO / "bench" / "support" / "obs_push.py"
 
 
@@ -261,20 +281,29 @@ def make_clip(path: Path, width: int, height: int, bitrate: int, seconds: float)
             container.mux(packet)
 
 
-def encode_frames(clip: Path, codec: str, bitrate: int, path: Path) -> int:
+def encode_frames(
+    clip: Path,
+    codec: str,
+    bitrate: int,
+    path: Path,
+    size: tuple[int, int] | None = None,
+    extra: dict[str, str] | None = None,
+) -> int:
     """Re-encode ``clip``'s pictures with the OBS-shaped publisher's ``codec`` encoder into
-    a frames file (:func:`bench.support.obs_like.save_frames`); returns the frame count."""
+    a frames file (:func:`bench.support.obs_like.save_frames`), scaled to ``size`` if
+    given, with ``extra`` encoder options; returns the frame count."""
     import av
 
     from bench.support.obs_like import ENCODERS, EncodedFrame, save_frames
 
     name, options = ENCODERS[codec]  # type: ignore[index]
+    options = {**options, **(extra or {})}
 
     def frames() -> Any:
         with av.open(str(clip)) as source:
             stream = source.streams.video[0]
             encoder = av.CodecContext.create(name, "w")
-            encoder.width, encoder.height = stream.width, stream.height
+            encoder.width, encoder.height = size or (stream.width, stream.height)
             encoder.pix_fmt = "yuv420p"
             encoder.time_base = fractions.Fraction(1, 30)
             encoder.framerate = fractions.Fraction(30, 1)
@@ -283,8 +312,10 @@ def encode_frames(clip: Path, codec: str, bitrate: int, path: Path) -> int:
             encoder.options = dict(options)
             if codec == "av1":  # SVT-AV1 holds a bitrate in low delay only with CBR
                 encoder.options = {**options, "svtav1-params": f"{options['svtav1-params']}:rc=2"}
+            if codec == "vp9":  # CBR, as a real-time sender runs libvpx
+                encoder.options = {**options, "minrate": str(bitrate), "maxrate": str(bitrate)}
             for index, picture in enumerate(source.decode(stream)):
-                picture = picture.reformat(format="yuv420p")
+                picture = picture.reformat(encoder.width, encoder.height, "yuv420p")
                 picture.pts = index
                 picture.time_base = encoder.time_base  # else PyAV rescales from the mp4's
                 yield from encoder.encode(picture)
@@ -294,6 +325,26 @@ def encode_frames(clip: Path, codec: str, bitrate: int, path: Path) -> int:
     if not encoded or not encoded[0][2]:
         raise RuntimeError(f"{codec}: the re-encoded clip does not start with a keyframe")
     return save_frames(path, encoded)
+
+
+SIMULCAST_OPTIONS = {"profile": "baseline"}
+"""libx264 options of the simulcast layers beside the single-layer ``h264`` publisher's
+(``ultrafast`` already leaves out CABAC and B-frames: the same stream, labelled)."""
+
+
+def encode_layers(clip: Path, work: Path, res: str) -> str:
+    """The ``simulcast`` publisher's frames files: ``clip`` encoded once per layer of
+    :data:`bench.support.obs_simulcast.REPLAY_LAYERS` (H.264, GOP 30, each layer's
+    bitrate), lowest first; returns their paths joined by commas (``obs_push.py``)."""
+    from bench.support.obs_simulcast import REPLAY_LAYERS
+
+    paths = []
+    for rid, (width, height, bitrate) in enumerate(REPLAY_LAYERS):
+        path = work / f"clip_{res}.simulcast.{rid}.frames"
+        count = encode_frames(clip, "h264", bitrate, path, (width, height), SIMULCAST_OPTIONS)
+        log(f"clip {path.name}: {count} frames at {width}x{height}, {path.stat().st_size} bytes")
+        paths.append(str(path))
+    return ",".join(paths)
 
 
 # ---------------------------------------------------------------- processes
@@ -326,11 +377,18 @@ def rss_kib(pid: int) -> int | None:
 
 
 def start_server(
-    data_dir: Path, log_path: Path, sessions: int, decode: str, udp_mux: bool = True
+    data_dir: Path,
+    log_path: Path,
+    sessions: int,
+    decode: str,
+    udp_mux: bool = True,
+    simulcast: str | None = None,
 ) -> server_process.ServerProcess:
-    """A fresh server with room for ``sessions`` (+ 8), the ``decode`` policy and the
-    ICE sockets: the shared UDP port (a free one) or a socket per session."""
+    """A fresh server with room for ``sessions`` (+ 8), the ``decode`` policy, the ICE
+    sockets (the shared UDP port, a free one, or a socket per session) and, if given,
+    the ``simulcast`` layer policy (``pipeline.simulcast``)."""
     log(f"server for {sessions} sessions, decode={decode}, udp_mux={udp_mux}")
+    layers = {} if simulcast is None else {"WHIP_INGEST_PIPELINE_SIMULCAST": simulcast}
     return server_process.ServerProcess(
         "bench/capacity",
         data_dir,
@@ -341,6 +399,7 @@ def start_server(
             "WHIP_INGEST_PIPELINE_DECODE": decode,
             "WHIP_INGEST_ICE_UDP_MUX": "true" if udp_mux else "false",
             "WHIP_INGEST_LOG_LEVEL": "INFO",
+            **layers,
         },
     )
 
@@ -367,6 +426,8 @@ def read_final_stats(data_dir: Path) -> dict[str, dict[str, Any]]:
                         video = event.data.get("kind", "video") == "video"
                         if event.data.get("final") and video:  # the audio track's too
                             info["final"] = dict(event.data)
+                    elif event.type == "simulcast_layer":
+                        info.setdefault("layer_changes", []).append(dict(event.data))
                     elif event.type == "session_closed":
                         info["closed_reason"] = event.data.get("reason")
                     elif event.type == "forced_shutdown":
@@ -473,7 +534,7 @@ async def run_step(
     res: str,
     decode: str,
     n: int,
-    clip: Path,
+    clip: Path | str,
     spy: bool,
     udp_mux: bool = True,
     codec: str = "ffmpeg",
@@ -482,7 +543,8 @@ async def run_step(
     if codec != "ffmpeg":
         tag = f"{res}-{decode}-{codec}-{n}-{'mux' if udp_mux else 'nomux'}"
     data_dir = work / f"data-{tag}"
-    server = start_server(data_dir, work / f"server-{tag}.log", n, decode, udp_mux)
+    simulcast = "highest" if codec == "simulcast" else None
+    server = start_server(data_dir, work / f"server-{tag}.log", n, decode, udp_mux, simulcast)
     pubs: list[subprocess.Popen[bytes]] = []
     step: dict[str, Any] = {
         "n": n,
@@ -582,6 +644,9 @@ async def run_step(
         reasons = []
         if "error" in pub or not sent:
             reasons.append("publisher error")
+        if codec == "simulcast" and final:
+            row.update(simulcast_row(final, finals.get(stream, {}).get("layer_changes", [])))
+            reasons += simulcast_reasons(row, sent)
         if not final:
             reasons.append("no final stats")
         else:
@@ -651,6 +716,45 @@ async def run_step(
         f"{step['fail_reasons']}"
     )
     return step
+
+
+def simulcast_row(final: dict[str, Any], changes: list[dict[str, Any]]) -> dict[str, Any]:
+    """A simulcast session's layer figures from its final video ``stats`` (``layers``:
+    rid, size, frames_in, decoding) and its ``simulcast_layer`` events: the decoded
+    layer, the highest layer offered, and every layer the server chose to decode, in
+    order (``layer_decoded``: the first choice, then each switch)."""
+    layers = list(final.get("layers") or [])
+    decoding = [layer for layer in layers if layer.get("decoding")]
+    highest = max(
+        layers, key=lambda la: (la.get("width") or 0) * (la.get("height") or 0), default={}
+    )
+    return {
+        "decoded_layer": decoding[0] if len(decoding) == 1 else decoding,
+        "highest_layer": highest,
+        "layers_frames_in": {str(la.get("rid")): la.get("frames_in") for la in layers},
+        "layers_decoded_in_turn": [
+            c.get("rid") for c in changes if c.get("change") == "layer_decoded"
+        ],
+    }
+
+
+def simulcast_reasons(row: dict[str, Any], sent: int) -> list[str]:
+    """Failures of a simulcast session (with ``pipeline.simulcast = highest``) beside the
+    single-layer rules (which then read ``frames_decoded``: the decoder only ever had the
+    highest layer when these pass): one layer decoded, the highest (by picture size), the
+    only one the server ever chose, and its own frames_in >= 99 % of the frames sent on
+    it."""
+    decoded, highest = row["decoded_layer"], row["highest_layer"]
+    if not isinstance(decoded, dict) or not decoded:
+        return ["not exactly one layer decoded"]
+    reasons = []
+    if not highest or decoded.get("rid") != highest.get("rid"):
+        reasons.append("decoded layer not the highest")
+    if set(row["layers_decoded_in_turn"]) - {decoded.get("rid")}:
+        reasons.append("another layer decoded on the way")
+    if (decoded.get("frames_in") or 0) < 0.99 * sent:
+        reasons.append("decoded layer frames_in < 99% of sent")
+    return reasons
 
 
 # ---------------------------------------------------------------- memory per session
@@ -952,7 +1056,7 @@ async def run_memory(args: argparse.Namespace, work: Path) -> dict[str, Any]:
 
 
 async def run(args: argparse.Namespace, work: Path) -> dict[str, Any]:
-    clips: dict[tuple[str, str], Path] = {}
+    clips: dict[tuple[str, str], Path | str] = {}
     for res in sorted({CONFIGS[c][0] for c in args.only}):
         width, height, bitrate = SIZES[res]
         path = work / f"clip_{res}.mp4"
@@ -962,6 +1066,13 @@ async def run(args: argparse.Namespace, work: Path) -> dict[str, Any]:
         log(f"clip {path.name}: {path.stat().st_size} bytes in {time.monotonic() - started:.1f} s")
         for codec in args.codecs:
             if codec == "ffmpeg":
+                continue
+            if codec == "simulcast":
+                if res != "720p":
+                    continue
+                started = time.monotonic()
+                clips[(res, codec)] = await asyncio.to_thread(encode_layers, path, work, res)
+                log(f"simulcast layers of {path.name} in {time.monotonic() - started:.1f} s")
                 continue
             frames_path = work / f"clip_{res}.{codec}.frames"
             started = time.monotonic()
@@ -974,6 +1085,9 @@ async def run(args: argparse.Namespace, work: Path) -> dict[str, Any]:
     configs: dict[str, Any] = {}
     for config, codec in [(c, k) for c in args.only for k in args.codecs]:
         res, decode, steps = CONFIGS[config]
+        if (res, codec) not in clips:
+            log(f"{config}:{codec}: skipped (simulcast is 720p's three layers)")
+            continue
         name = config if codec == "ffmpeg" else f"{config}:{codec}"
         if args.steps:
             steps = args.steps
@@ -1015,6 +1129,8 @@ def compare_codecs(configs: dict[str, Any]) -> dict[str, Any]:
     server CPU per session (% of one core) where the step passed."""
     out: dict[str, Any] = {}
     for config in configs.values():
+        if config.get("codec") == "simulcast":  # simulcast_comparison
+            continue
         mode = "" if config["udp_mux"] else ":nomux"
         group = f"{config['resolution']}:{config['decode']}{mode}"
         row = out.setdefault(group, {})
@@ -1027,6 +1143,46 @@ def compare_codecs(configs: dict[str, Any]) -> dict[str, Any]:
             },
         }
     return {group: row for group, row in out.items() if len(row) > 1}
+
+
+def compare_simulcast(configs: dict[str, Any]) -> dict[str, Any]:
+    """Per (resolution, decode, mux mode) where both ran: the 3-layer simulcast publisher
+    (``highest`` decoded) beside the single-layer OBS-shaped ``h264`` one, each's largest
+    passing N and, at every N both ran, the server CPU per session (% of one core) of
+    each, simulcast over single layer, and whether each step passed."""
+    groups: dict[str, dict[str, Any]] = {}
+    for config in configs.values():
+        if config.get("codec") in ("h264", "simulcast"):
+            mode = "" if config["udp_mux"] else ":nomux"
+            group = f"{config['resolution']}:{config['decode']}{mode}"
+            groups.setdefault(group, {})[config["codec"]] = config
+    out: dict[str, Any] = {}
+    for group, pair in groups.items():
+        if len(pair) < 2:
+            continue
+        single = {step["n"]: step for step in pair["h264"]["steps"]}
+        by_n: dict[str, Any] = {}
+        for step in pair["simulcast"]["steps"]:
+            other = single.get(step["n"])
+            if other is None:
+                continue
+            layered = step.get("server_cpu_pct_of_one_core_per_session")
+            one = other.get("server_cpu_pct_of_one_core_per_session")
+            by_n[str(step["n"])] = {
+                "simulcast_cpu_pct_per_session": layered,
+                "single_layer_cpu_pct_per_session": one,
+                "simulcast_over_single_layer": round(layered / one, 3) if layered and one else None,
+                "simulcast_passed": step["passed"],
+                "single_layer_passed": other["passed"],
+            }
+        out[group] = {
+            "largest_passing_n": {
+                "simulcast": pair["simulcast"]["largest_passing_n"],
+                "single_layer_h264": pair["h264"]["largest_passing_n"],
+            },
+            "by_n": by_n,
+        }
+    return out
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -1129,11 +1285,13 @@ def main(argv: list[str] | None = None) -> int:
         "push_s": args.push_s,
         "criteria": "per session: RTP loss <= 1%, decoded >= 99% of sent "
         "(keyframes policy: frames_in >= 99% of sent and keyframes decoded >= 99% of keyframes "
-        "sent)",
+        "sent; simulcast: of the decoded layer, which must be the highest and the only one "
+        "ever decoded, with its own frames_in >= 99% of sent)",
         "publisher": "python -c subprocess, PyAV/FFmpeg WHIP muxer, stream copy, paced by pts",
         "summary": {k: v["largest_passing_n"] for k, v in configs.items()},
         "mux_comparison": compare_udp_mux(configs),
         "codec_comparison": compare_codecs(configs),
+        "simulcast_comparison": compare_simulcast(configs),
         "configs": configs,
         "host": {
             "cpus": len(os.sched_getaffinity(0)),

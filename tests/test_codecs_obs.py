@@ -1,6 +1,8 @@
 """OBS-shaped pushes (libdatachannel, bench/support/obs_like.py) of H.264, H.265 and AV1,
-encoded with PyAV and packetized by libdatachannel's own packetizers, decoded by the
-server with the right codec and size; the answer reflects what OBS can apply.
+encoded with PyAV and packetized by libdatachannel's own packetizers, and of VP9
+(libvpx-vp9, packetized by bench/support/vp9_rtp.py: ``bench/capacity.py --codecs vp9``),
+decoded by the server with the right codec and size; the answer reflects what OBS can
+apply.
 """
 
 from __future__ import annotations
@@ -29,7 +31,7 @@ def _video_section(sdp: str) -> list[str]:
 
 
 @pytest.mark.parametrize(
-    ("codec", "name"), [("h264", "H264"), ("h265", "H265"), ("av1", "AV1")], ids=str
+    ("codec", "name"), [("h264", "H264"), ("h265", "H265"), ("av1", "AV1"), ("vp9", "VP9")], ids=str
 )
 async def test_obs_shaped_push_is_decoded_with_its_codec_and_size(
     whip_servers: Callable[..., Awaitable[TestServer]], codec: VideoCodec, name: str
@@ -69,6 +71,15 @@ async def test_obs_shaped_push_is_decoded_with_its_codec_and_size(
             assert (await http.delete(server.make_url(location))).status == 200
         closed = await wait_for_type(timeline, run_id, "session_closed")
         assert closed.data["reason"] == "deleted"
+        events = await timeline.read_events(run_id, 0, limit=1000)
+        (final,) = [
+            e.data
+            for e in events
+            if e.type == "stats" and e.data.get("final") and e.data.get("kind") == "video"
+        ]
+        assert (final["width"], final["height"]) == SIZE
+        assert final["keyframes_decoded"] == sent // 30  # GOP 30
+        assert final["frames_decoded"] >= sent - 2, final  # the last may stay in the buffer
         assert publisher.states[:2] == ["Connecting", "Connected"]
     finally:
         publisher.close()

@@ -1,8 +1,8 @@
-"""OBS 32.1-shaped 3-layer simulcast from libdatachannel (tests/support/obs_simulcast.py):
+"""OBS 32.1-shaped 3-layer simulcast from libdatachannel (bench/support/obs_simulcast.py):
 one video m-line, ``a=rid:0..2 send``, ``a=simulcast:send 0;1;2``, the RTP stream id
 extension and no ``a=ssrc`` for video; libdatachannel's packetizers write the RID into every
 packet. The server accepts every layer, decodes the highest and reports all three in
-``stats``, each with its picture size (read from its SPS)."""
+``stats``, each with its picture size (read from its SPS), the closing ``stats`` too."""
 
 from __future__ import annotations
 
@@ -13,9 +13,9 @@ from typing import Any
 import aiohttp
 from aiohttp.test_utils import TestServer
 
+from bench.support.obs_simulcast import LAYER_SIZES, RID_URI, ObsSimulcastPublisher
 from registry.timeline import Timeline
 from tests.support.eventually import eventually
-from tests.support.obs_simulcast import LAYER_SIZES, RID_URI, ObsSimulcastPublisher
 from tests.support.servers import wait_for_type
 from whip.appkeys import TIMELINE_KEY
 
@@ -83,7 +83,22 @@ async def test_obs_shaped_three_layer_simulcast_is_accepted_decoded_and_measured
         assert [la["decoding"] for la in layers] == [False, False, True]  # the highest
         rates = [la["bitrate_bps"] for la in layers]
         assert rates == sorted(rates), rates
-        assert await push == int(PUSH_S * publisher.fps)
+        sent = await push
+        assert sent == int(PUSH_S * publisher.fps)
+        async with (
+            aiohttp.ClientSession() as http,
+            http.delete(server.make_url(publisher.location)) as gone,
+        ):
+            assert gone.status == 200
+        await wait_for_type(timeline, run_id, "session_closed")
+        events = await timeline.read_events(run_id, 0, limit=1000)
+        (final,) = [e.data for e in events if e.type == "stats" and e.data.get("final")]
+        # The closing stats carry the layers too, with every frame each layer sent (the
+        # last may still be in the jitter buffer when the session closes).
+        assert [la["rid"] for la in final["layers"]] == ["0", "1", "2"]
+        assert [la["decoding"] for la in final["layers"]] == [False, False, True]
+        assert all(sent - 2 <= la["frames_in"] <= sent for la in final["layers"]), final
+        assert final["frames_decoded"] >= sent - 2  # the decoded layer's: the highest
     finally:
         if push is not None:  # the push thread ends on its own (PUSH_S): let it, before
             await asyncio.gather(push, return_exceptions=True)  # its peer is closed

@@ -451,7 +451,13 @@ class SessionManager:
             # The workers are joined: the analyzers' state is ours to read now.
             for etype, data in session.analysis.close_episodes():
                 await self._append_quietly(session, etype, data)
-            await self._append_quietly(session, EventType.STATS, session.analysis.final_stats())
+            final = session.analysis.final_stats()
+            # A simulcast video's stats carry its layers (session_emitter); the closing
+            # one too, read now that every worker has stopped.
+            layers = next((t.layers for t in after.tracks if t.layers is not None), None)
+            if layers is not None and final.get("kind", "video") == "video":
+                final["layers"] = layers
+            await self._append_quietly(session, EventType.STATS, final)
         self.totals.add_closed(media=after, rtp=before)
         if missed:
             self.totals.forced_shutdowns += 1

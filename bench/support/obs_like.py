@@ -3,12 +3,16 @@ built on, through libdatachannel-py) with PyAV-encoded video.
 
 The offer is made the way OBS's ``plugins/obs-webrtc`` makes it: a sendonly audio track on
 mid ``0`` (Opus, payload type 111) and a sendonly video track on mid ``1`` (payload type
-96: H.264, H.265 or AV1, whichever the encoder is), each with its SSRC and one cname and
+96: H.264, H.265, AV1 or VP9, whichever the encoder is), each with its SSRC and one cname and
 media stream id, no RTX; the local description is read right after it is set, so it has
 no candidates, and libdatachannel writes the ICE and DTLS attributes at session level
 with ``a=group:LS`` and BUNDLE. Video goes through libdatachannel's own packetizers (H.264
 and H.265 with the start-sequence separator, AV1 by temporal unit, 1200-byte fragments,
 as OBS configures them), with an RTCP sender reporter and a NACK responder chained.
+VP9 (not an OBS codec: the shape of a browser's VP9 in OBS's offer, for the codec
+sweep) has no libdatachannel packetizer: :class:`bench.support.vp9_rtp.Vp9Packetizer`
+writes its RTP packets (RFC 9628, as libwebrtc does) and the track sends them through a
+chain of only the sender reporter and the NACK responder.
 
 Threads: libdatachannel calls back on its own threads; :class:`ObsLikePublisher` only
 records states there (a list append), and everything else runs on the caller's thread.
@@ -31,7 +35,9 @@ import av
 import libdatachannel as ldc
 import numpy as np
 
-VideoCodec = Literal["h264", "h265", "av1"]
+from bench.support.vp9_rtp import Vp9Packetizer
+
+VideoCodec = Literal["h264", "h265", "av1", "vp9"]
 AUDIO_PT = 111
 VIDEO_PT = 96
 MAX_FRAGMENT = 1200
@@ -39,8 +45,13 @@ ENCODERS: dict[VideoCodec, tuple[str, dict[str, str]]] = {
     "h264": ("libx264", {"preset": "ultrafast", "tune": "zerolatency", "bf": "0"}),
     "h265": ("libx265", {"preset": "ultrafast", "x265-params": "log-level=none:bframes=0"}),
     "av1": ("libsvtav1", {"preset": "12", "svtav1-params": "pred-struct=1:lp=1"}),
+    "vp9": (
+        "libvpx-vp9",
+        {"deadline": "realtime", "cpu-used": "8", "lag-in-frames": "0", "auto-alt-ref": "0"},
+    ),
 }
-"""PyAV encoder and options per codec: no B-frames (frames leave in decode order)."""
+"""PyAV encoder and options per codec: no B-frames, no hidden (alt-ref) VP9 frames
+(frames leave in decode order, one shown picture each)."""
 
 EncodedFrame = tuple[int, bytes, bool]
 """One encoded video frame: presentation index (in frames), bytes, keyframe."""
@@ -144,9 +155,21 @@ class ObsLikePublisher:
         video = ldc.Description.Video("1", ldc.Description.Direction.SendOnly)
         video.add_ssrc(ssrc + 1, cname, stream_id, f"{stream_id}-video")
         self.video_config = ldc.RtpPacketizationConfig(ssrc + 1, cname, VIDEO_PT, 90000)
-        packetizer: ldc.RtpPacketizer
+        packetizer: ldc.MediaHandler
         separator = ldc.NalUnit.Separator.StartSequence
-        if codec == "av1":
+        self._vp9: Vp9Packetizer | None = None
+        if codec == "vp9":
+            video.add_vp9_codec(VIDEO_PT)
+            # No packetizer: the chain's head is the sender reporter, so each send is
+            # one RTP packet (Vp9Packetizer's), counted into the sender reports.
+            packetizer = ldc.RtcpSrReporter(self.video_config)
+            self._vp9 = Vp9Packetizer(
+                ssrc + 1,
+                VIDEO_PT,
+                max_payload=MAX_FRAGMENT,
+                timestamp_base=self.video_config.start_timestamp,
+            )
+        elif codec == "av1":
             video.add_av1_codec(VIDEO_PT)
             packetizer = ldc.AV1RtpPacketizer(
                 ldc.AV1RtpPacketizer.Packetization.TemporalUnit, self.video_config, MAX_FRAGMENT
@@ -157,7 +180,8 @@ class ObsLikePublisher:
         else:
             video.add_h264_codec(VIDEO_PT)
             packetizer = ldc.H264RtpPacketizer(separator, self.video_config, MAX_FRAGMENT)
-        packetizer.add_to_chain(ldc.RtcpSrReporter(self.video_config))
+        if codec != "vp9":
+            packetizer.add_to_chain(ldc.RtcpSrReporter(self.video_config))
         packetizer.add_to_chain(ldc.RtcpNackResponder())
         self.video_track = self.pc.add_track(video)
         self.video_track.set_media_handler(packetizer)
@@ -189,9 +213,10 @@ class ObsLikePublisher:
         self.pc.gather_local_candidates()
 
     def encoded(self, seconds: float, size: tuple[int, int]) -> Iterator[EncodedFrame]:
-        """Encoded video frames (Annex B for H.264/H.265, a temporal unit for AV1) of a
-        moving pattern, ``seconds`` long at ``self.fps``, in decode order, each with its
-        presentation index (``pts``, in frames) and whether it is a keyframe."""
+        """Encoded video frames (Annex B for H.264/H.265, a temporal unit for AV1, a VP9
+        frame) of a moving pattern, ``seconds`` long at ``self.fps``, in decode order,
+        each with its presentation index (``pts``, in frames) and whether it is a
+        keyframe."""
         name, options = ENCODERS[self.codec]
         if self.b_frames:
             options = {"preset": "ultrafast", "bf": str(self.b_frames)}  # not zerolatency
@@ -244,7 +269,13 @@ class ObsLikePublisher:
             # The RTP timestamp is the frame's presentation time (RFC 6184), a frame of
             # delay ahead so that a B-frame's stays above 0.
             stamp = (pts + self.b_frames) * 90000 // self.fps
-            self.video_track.send_frame(data, ldc.FrameInfo(stamp))
+            if self._vp9 is not None:
+                # What a packetizer does for the sender reporter: the frame's timestamp.
+                self.video_config.timestamp = self._vp9.rtp_timestamp(stamp)
+                for packet in self._vp9.packetize(data, stamp):
+                    self.video_track.send(packet)
+            else:
+                self.video_track.send_frame(data, ldc.FrameInfo(stamp))
             sent += 1
             if index % 2 == 0:  # ~20 ms of audio per 33 ms frame, near enough
                 self.audio_track.send_frame(silence, ldc.FrameInfo(index * 48000 // self.fps))

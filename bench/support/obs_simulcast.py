@@ -16,9 +16,15 @@ makes a layer's chain the track's handler before it sends that layer's frame
 (``Track.set_media_handler`` takes the track's lock); RTCP that arrives meanwhile goes to
 whichever chain is current, which on loopback (no loss, no NACK) changes nothing.
 
+Frames: :meth:`ObsSimulcastPublisher.push` encodes noise per layer as it sends (the
+tests); :meth:`ObsSimulcastPublisher.send` replays frames encoded beforehand, one
+sequence per layer (``bench/capacity.py --codecs simulcast``: the clip encoded once per
+layer at :data:`REPLAY_LAYERS`, so that no publisher spends the CPU the server is
+measured with on encoding).
+
 Threads: libdatachannel calls back on its own threads; only the peer states are recorded
-there (a list append). ``push`` blocks (encoding, real-time pacing): run it with
-``asyncio.to_thread``.
+there (a list append). ``push`` and ``send`` block (encoding, real-time pacing): run them
+with ``asyncio.to_thread``.
 """
 
 from __future__ import annotations
@@ -27,7 +33,7 @@ import fractions
 import random
 import string
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 
 import aiohttp
 import av
@@ -41,6 +47,14 @@ RID_EXTENSION_ID = 4
 """The ``a=extmap`` id the offer gives the RTP stream id."""
 LAYER_SIZES: tuple[tuple[int, int], ...] = ((160, 90), (320, 180), (640, 360))
 """Per RID ``0``, ``1``, ``2``: lowest first."""
+REPLAY_LAYERS: tuple[tuple[int, int, int], ...] = (
+    (320, 180, 300_000),
+    (640, 360, 800_000),
+    (1280, 720, 2_500_000),
+)
+"""``(width, height, bits per second)`` per RID, lowest first: the capacity bench's 720p
+simulcast, at about the rates libwebrtc gives a 720p camera's three layers (the top one
+at the bench's single-layer 720p rate)."""
 
 
 def _token(length: int = 16) -> str:
@@ -114,28 +128,39 @@ class ObsSimulcastPublisher:
         self.offer = obs_shape(str(description))
 
     async def publish(self, http: aiohttp.ClientSession, url: str) -> tuple[str, str]:
-        """POST the offer to ``url`` (asserting 201), apply the answer, gather:
-        ``(run_id, answer)``."""
+        """POST the offer to ``url`` (asserting 201; the session's URL is kept in
+        :attr:`location`), apply the answer, gather: ``(run_id, answer)``."""
         async with http.post(
             url, data=self.offer, headers={"Content-Type": "application/sdp"}
         ) as response:
             answer = await response.text()
             assert response.status == 201, answer
             run_id = response.headers["X-Run-Id"]
+            self.location: str = response.headers["Location"]
         self.pc.set_remote_description(ldc.Description(answer, "answer"))
         self.pc.gather_local_candidates()
         return run_id, answer
 
     def push(self, seconds: float) -> int:
         """Send ``seconds`` of every layer (and Opus silence) in real time once the tracks
-        are open (waits up to 10 s for them). Returns the frames sent per layer. Blocking."""
+        are open (waits up to 10 s for them), encoding as it goes. Returns the frames sent
+        per layer. Blocking."""
+        count = int(seconds * self.fps)
+        layers = [_h264_frames(size, self.fps, self.gop, count) for size in self.sizes]
+        return self.send([enumerate(frames) for frames in layers])
+
+    def send(self, layers: Sequence[Iterable[tuple[int, bytes]]]) -> int:
+        """Send ``layers`` (one sequence of ``(presentation index, Annex B access unit)``
+        per RID, lowest first, no B-frames, all of one length) in real time at
+        ``self.fps``, with Opus silence, once the tracks are open (waits up to 10 s for
+        them). Returns the frames sent per layer. Blocking."""
+        if len(layers) != len(self._layers):
+            raise ValueError(f"{len(layers)} layers of frames for {len(self._layers)} RIDs")
         deadline = time.monotonic() + 10
         while not (self.video_track.is_open() and self.audio_track.is_open()):
             if time.monotonic() > deadline or "Failed" in self.states:
                 raise TimeoutError(f"tracks never opened; peer states {self.states}")
             time.sleep(0.01)
-        count = int(seconds * self.fps)
-        layers = [_h264_frames(size, self.fps, self.gop, count) for size in self.sizes]
         silence = bytes([0xF8, 0xFF, 0xFE])  # an Opus DTX frame: 20 ms of silence
         started = time.monotonic()
         sent = 0
@@ -143,10 +168,9 @@ class ObsSimulcastPublisher:
             delay = started + index / self.fps - time.monotonic()
             if delay > 0:
                 time.sleep(delay)
-            stamp = index * 90000 // self.fps
-            for packetizer, data in zip(self._layers, frames, strict=True):
+            for packetizer, (pts, data) in zip(self._layers, frames, strict=True):
                 self.video_track.set_media_handler(packetizer)
-                self.video_track.send_frame(data, ldc.FrameInfo(stamp))
+                self.video_track.send_frame(data, ldc.FrameInfo(pts * 90000 // self.fps))
             sent += 1
             if index % 2 == 0:  # ~20 ms of audio per 33 ms frame, near enough
                 self.audio_track.send_frame(silence, ldc.FrameInfo(index * 48000 // self.fps))
