@@ -11,8 +11,15 @@ Rules (standardwebhooks.com, version 1 signatures):
 - The body is ``{"type", "timestamp", "data"}``: the event's type, its time as ISO 8601
   (UTC, milliseconds), and the event object exactly as ``GET /v1/runs/{id}/events``
   renders it (:meth:`registry.events.Event.to_json`). It is built once per event and the
-  same bytes are sent on every attempt.
-- Pure: no I/O, no clock except where the caller passes one in.
+  same bytes are sent on every attempt, by every webhook: :func:`message_body` keeps the
+  last :data:`BODY_CACHE_SIZE` bodies by the event object itself (its identity, the
+  event held beside the body so that the identity cannot be reused while cached). The
+  timeline's warm reads hand every webhook of the process the same event objects, so with
+  10 webhooks 9 in 10 bodies were rebuilt before; an equal event read anew (a cold read,
+  the cluster store) is simply built again. Keyed by identity, not by ``(run_id, seq)``:
+  two timelines in one process (tests, benches) may hold different events under one
+  id. The cache has its own lock (any thread may call); evicted oldest first.
+- Pure otherwise: no I/O, no clock except where the caller passes one in.
 """
 
 from __future__ import annotations
@@ -20,13 +27,20 @@ from __future__ import annotations
 import base64
 import hashlib
 import hmac
-from datetime import UTC, datetime
+import threading
+import time
 
 import orjson
 
 from registry.events import Event
 
 SIGNATURE_VERSION = "v1"
+
+BODY_CACHE_SIZE = 4096
+"""Bodies kept by :func:`message_body` (a few MB at most: events are small)."""
+
+_bodies: dict[int, tuple[Event, bytes]] = {}
+_bodies_lock = threading.Lock()
 
 
 def message_id(event: Event) -> str:
@@ -36,15 +50,24 @@ def message_id(event: Event) -> str:
 
 def iso_timestamp(ts_ms: int) -> str:
     """Milliseconds since the epoch as ISO 8601 UTC (``2026-12-01T16:09:12.345Z``)."""
-    moment = datetime.fromtimestamp(ts_ms / 1000, tz=UTC)
-    return moment.strftime("%Y-%m-%dT%H:%M:%S.") + f"{ts_ms % 1000:03d}Z"
+    seconds, millis = divmod(ts_ms, 1000)
+    return time.strftime("%Y-%m-%dT%H:%M:%S.", time.gmtime(seconds)) + f"{millis:03d}Z"
 
 
 def message_body(event: Event) -> bytes:
-    """The JSON body of the event's delivery (module rules)."""
-    return orjson.dumps(
+    """The JSON body of the event's delivery (module rules), built once per event."""
+    key = id(event)
+    cached = _bodies.get(key)
+    if cached is not None and cached[0] is event:
+        return cached[1]
+    body = orjson.dumps(
         {"type": event.type, "timestamp": iso_timestamp(event.ts_ms), "data": event.to_json()}
     )
+    with _bodies_lock:
+        _bodies[key] = (event, body)
+        while len(_bodies) > BODY_CACHE_SIZE:
+            del _bodies[next(iter(_bodies))]
+    return body
 
 
 def signature(key: bytes, msg_id: str, timestamp: int, body: bytes) -> str:
