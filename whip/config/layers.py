@@ -24,17 +24,10 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
+from whip.config.checks import check_whole, parse_principals, parse_webhook_entries
 from whip.config.coerce import coerce
 from whip.config.errors import ConfigError, InvalidValue
-from whip.config.schema import (
-    SECTIONS,
-    Config,
-    check_rule,
-    check_whole,
-    parse_principals,
-    parse_webhook_entries,
-    section_keys,
-)
+from whip.config.schema import SECTIONS, Config, check_rule, section_keys
 
 ENV_PREFIX = "WHIP_INGEST_"
 RESERVED_ENV = frozenset({"WHIP_INGEST_CONFIG", "WHIP_INGEST_LOG_LEVEL"})
