@@ -58,6 +58,48 @@ EncodedFrame = tuple[int, bytes, bool]
 _RECORD = struct.Struct("<i?I")
 
 
+OPUS_SILENCE = bytes([0xF8, 0xFF, 0xFE])
+"""An Opus DTX frame: 20 ms of silence (what the publishers send beside their video)."""
+
+
+def wait_tracks_open(tracks: Sequence[ldc.Track], states: list[str], timeout_s: float = 10) -> None:
+    """Block until every track is open; TimeoutError after ``timeout_s`` or once the peer
+    reports ``Failed``."""
+    deadline = time.monotonic() + timeout_s
+    while not all(track.is_open() for track in tracks):
+        if time.monotonic() > deadline or "Failed" in states:
+            raise TimeoutError(f"tracks never opened; peer states {states}")
+        time.sleep(0.01)
+
+
+def paced[T](items: Iterable[T], fps: int) -> Iterator[tuple[int, T]]:
+    """``(index, item)`` for each item, each at its frame time (``index / fps`` seconds
+    after the first): real-time pacing by sleeping (blocking)."""
+    started = time.monotonic()
+    for index, item in enumerate(items):
+        delay = started + index / fps - time.monotonic()
+        if delay > 0:
+            time.sleep(delay)
+        yield index, item
+
+
+def send_silence(audio_track: ldc.Track, index: int, fps: int) -> None:
+    """Opus silence beside video frame ``index``: on every second frame (~20 ms of audio
+    per 33 ms frame at 30 fps, near enough)."""
+    if index % 2 == 0:
+        audio_track.send_frame(OPUS_SILENCE, ldc.FrameInfo(index * 48000 // fps))
+
+
+def close_peer(pc: ldc.PeerConnection, tracks: Sequence[ldc.Track]) -> None:
+    """Close the peer and drop libdatachannel's callbacks into Python (left in place,
+    its threads abort the interpreter at exit)."""
+    pc.close()
+    for track in tracks:
+        track.set_media_handler(None)
+        track.reset_callbacks()
+    pc.reset_callbacks()
+
+
 def save_frames(path: Path, frames: Iterable[EncodedFrame]) -> int:
     """Write encoded frames to ``path`` (records of pts, keyframe, length, bytes): encode
     once, replay from many publishers (``bench/capacity.py --codec``). Returns the count."""
@@ -254,18 +296,9 @@ class ObsLikePublisher:
         """Send ``frames`` (decode order, presentation index in frames) in real time at
         ``self.fps``, with Opus silence, once the tracks are open (waits up to 10 s for
         them). Returns the video frames sent. Blocking."""
-        deadline = time.monotonic() + 10
-        while not (self.video_track.is_open() and self.audio_track.is_open()):
-            if time.monotonic() > deadline or "Failed" in self.states:
-                raise TimeoutError(f"tracks never opened; peer states {self.states}")
-            time.sleep(0.01)
-        silence = bytes([0xF8, 0xFF, 0xFE])  # an Opus DTX frame: 20 ms of silence
-        started = time.monotonic()
+        wait_tracks_open((self.video_track, self.audio_track), self.states)
         sent = 0
-        for index, (pts, data) in enumerate(frames):
-            delay = started + index / self.fps - time.monotonic()
-            if delay > 0:
-                time.sleep(delay)
+        for index, (pts, data) in paced(frames, self.fps):
             # The RTP timestamp is the frame's presentation time (RFC 6184), a frame of
             # delay ahead so that a B-frame's stays above 0.
             stamp = (pts + self.b_frames) * 90000 // self.fps
@@ -277,18 +310,12 @@ class ObsLikePublisher:
             else:
                 self.video_track.send_frame(data, ldc.FrameInfo(stamp))
             sent += 1
-            if index % 2 == 0:  # ~20 ms of audio per 33 ms frame, near enough
-                self.audio_track.send_frame(silence, ldc.FrameInfo(index * 48000 // self.fps))
+            send_silence(self.audio_track, index, self.fps)
         return sent
 
     def close(self) -> None:
-        """Close the peer and drop libdatachannel's callbacks into Python (left in place,
-        its threads abort the interpreter at exit)."""
-        self.pc.close()
-        for track in (self.video_track, self.audio_track):
-            track.set_media_handler(None)
-            track.reset_callbacks()
-        self.pc.reset_callbacks()
+        """Close the peer and drop libdatachannel's callbacks (:func:`close_peer`)."""
+        close_peer(self.pc, (self.video_track, self.audio_track))
 
 
 _SESSION_LEVEL = ("a=setup:", "a=ice-ufrag:", "a=ice-pwd:")

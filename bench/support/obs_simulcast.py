@@ -32,7 +32,6 @@ from __future__ import annotations
 import fractions
 import random
 import string
-import time
 from collections.abc import Iterable, Iterator, Sequence
 
 import aiohttp
@@ -40,7 +39,17 @@ import av
 import libdatachannel as ldc
 import numpy as np
 
-from bench.support.obs_like import MAX_FRAGMENT, VIDEO_PT, obs_peer, obs_shape, opus_track
+from bench.support.obs_like import (
+    MAX_FRAGMENT,
+    VIDEO_PT,
+    close_peer,
+    obs_peer,
+    obs_shape,
+    opus_track,
+    paced,
+    send_silence,
+    wait_tracks_open,
+)
 
 RID_URI = "urn:ietf:params:rtp-hdrext:sdes:rtp-stream-id"
 RID_EXTENSION_ID = 4
@@ -156,30 +165,16 @@ class ObsSimulcastPublisher:
         them). Returns the frames sent per layer. Blocking."""
         if len(layers) != len(self._layers):
             raise ValueError(f"{len(layers)} layers of frames for {len(self._layers)} RIDs")
-        deadline = time.monotonic() + 10
-        while not (self.video_track.is_open() and self.audio_track.is_open()):
-            if time.monotonic() > deadline or "Failed" in self.states:
-                raise TimeoutError(f"tracks never opened; peer states {self.states}")
-            time.sleep(0.01)
-        silence = bytes([0xF8, 0xFF, 0xFE])  # an Opus DTX frame: 20 ms of silence
-        started = time.monotonic()
+        wait_tracks_open((self.video_track, self.audio_track), self.states)
         sent = 0
-        for index, frames in enumerate(zip(*layers, strict=True)):
-            delay = started + index / self.fps - time.monotonic()
-            if delay > 0:
-                time.sleep(delay)
+        for index, frames in paced(zip(*layers, strict=True), self.fps):
             for packetizer, (pts, data) in zip(self._layers, frames, strict=True):
                 self.video_track.set_media_handler(packetizer)
                 self.video_track.send_frame(data, ldc.FrameInfo(pts * 90000 // self.fps))
             sent += 1
-            if index % 2 == 0:  # ~20 ms of audio per 33 ms frame, near enough
-                self.audio_track.send_frame(silence, ldc.FrameInfo(index * 48000 // self.fps))
+            send_silence(self.audio_track, index, self.fps)
         return sent
 
     def close(self) -> None:
-        """Close the peer and drop libdatachannel's callbacks into Python."""
-        self.pc.close()
-        for track in (self.video_track, self.audio_track):
-            track.set_media_handler(None)
-            track.reset_callbacks()
-        self.pc.reset_callbacks()
+        """Close the peer and drop libdatachannel's callbacks (:func:`close_peer`)."""
+        close_peer(self.pc, (self.video_track, self.audio_track))

@@ -39,6 +39,7 @@ from registry.pg.webhook_store import WebhookStore
 from whip.webhooks.attempt_process import AttemptProcess
 from whip.webhooks.cluster_delivery import STORE_ERRORS, ClusterWebhookDeliverer
 from whip.webhooks.config import WebhookConfig
+from whip.webhooks.service import close_deliverers
 
 logger = logging.getLogger(__name__)
 
@@ -122,7 +123,8 @@ class ClusterWebhooks:
 
     async def aclose(self) -> None:
         """Close every deliverer (reverse order; each saves and gives its lease up),
-        then the pool; failures are collected and raised together (idempotent)."""
+        then the attempt child, then the pool; failures are collected and raised together
+        (idempotent)."""
         errors: list[Exception] = []
         task, self._listen_task = self._listen_task, None
         if task is not None:
@@ -135,19 +137,8 @@ class ClusterWebhooks:
             except CLOSE_ERRORS as exc:
                 conn.terminate()
                 logger.warning("cleanup: webhook listener closed abruptly: %r", exc)
-        for deliverer in reversed(self.deliverers):
-            try:
-                await deliverer.aclose()
-            except Exception as exc:
-                logger.error("cleanup: webhook %s did not close cleanly: %r", deliverer.name, exc)
-                errors.append(exc)
+        errors.extend(await close_deliverers(self.deliverers, self.attempts))
         self.deliverers.clear()
-        if self.attempts is not None:
-            try:
-                await self.attempts.aclose()
-            except Exception as exc:
-                logger.error("cleanup: the webhook attempt process did not close: %r", exc)
-                errors.append(exc)
         pool, self._pool = self._pool, None
         if pool is not None:
             try:

@@ -39,7 +39,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Iterator, Sequence
+from typing import Protocol
 
 from aiohttp import web
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
@@ -93,6 +94,36 @@ class WebhookCollector(Collector):
         yield deliveries
         yield lag
         yield lag_s
+
+
+class Deliverer(Protocol):
+    """What :func:`close_deliverers` closes: a named webhook deliverer."""
+
+    @property
+    def name(self) -> str: ...
+
+    async def aclose(self) -> None: ...
+
+
+async def close_deliverers(
+    deliverers: Sequence[Deliverer], attempts: AttemptProcess | None
+) -> list[Exception]:
+    """Close every deliverer (reverse order), then the attempt child they shared; each
+    failure is logged and returned, none stops the rest. Embedded and cluster mode alike."""
+    errors: list[Exception] = []
+    for deliverer in reversed(deliverers):
+        try:
+            await deliverer.aclose()
+        except Exception as exc:
+            logger.error("cleanup: webhook %s did not close cleanly: %r", deliverer.name, exc)
+            errors.append(exc)
+    if attempts is not None:
+        try:
+            await attempts.aclose()
+        except Exception as exc:
+            logger.error("cleanup: the webhook attempt process did not close: %r", exc)
+            errors.append(exc)
+    return errors
 
 
 class WebhookGroup:
@@ -175,19 +206,7 @@ class WebhookGroup:
         if self._subscription is not None:
             self._timeline.feed.unsubscribe(self._subscription)
             self._subscription = None
-        errors: list[Exception] = []
-        for dispatcher in reversed(self.dispatchers):
-            try:
-                await dispatcher.aclose()
-            except Exception as exc:
-                logger.error("cleanup: webhook %s did not close cleanly: %r", dispatcher.name, exc)
-                errors.append(exc)
-        if self.attempts is not None:
-            try:
-                await self.attempts.aclose()
-            except Exception as exc:
-                logger.error("cleanup: the webhook attempt process did not close: %r", exc)
-                errors.append(exc)
+        errors = await close_deliverers(self.dispatchers, self.attempts)
         if errors:
             raise ExceptionGroup("webhooks did not close cleanly", errors)
 
