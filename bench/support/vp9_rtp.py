@@ -27,54 +27,21 @@ from __future__ import annotations
 import random
 import struct
 
+from pipeline.bitreader import BitstreamError
+from pipeline.stream_profile import read_vp9_keyframe_size
+
 I_BIT, P_BIT, B_BIT, E_BIT, V_BIT = 0x80, 0x40, 0x08, 0x04, 0x02
-SYNC_CODE = 0x498342
 RTP_HEADER = struct.Struct("!BBHII")
 
 
 def keyframe_size(frame: bytes) -> tuple[int, int] | None:
-    """``(width, height)`` of a VP9 key frame's uncompressed header (VP9 spec 6.2:
-    frame marker, profile, show_existing_frame, frame_type, show_frame,
-    error_resilient_mode, the sync code, color config, frame size), or None when
-    ``frame`` does not start with a key frame."""
-    if len(frame) < 12:
+    """``(width, height)`` of a VP9 key frame's uncompressed header, or None when ``frame``
+    does not start with a readable key frame (the server's reader:
+    :func:`pipeline.stream_profile.read_vp9_keyframe_size`)."""
+    try:
+        return read_vp9_keyframe_size(frame)
+    except BitstreamError:
         return None
-    bits = int.from_bytes(frame[:12])
-    position = 0
-
-    def read(count: int) -> int:
-        nonlocal position
-        position += count
-        return (bits >> (96 - position)) & ((1 << count) - 1)
-
-    if read(2) != 2:
-        return None
-    low = read(1)
-    profile = read(1) << 1 | low
-    if profile == 3:
-        read(1)  # reserved zero
-    if read(1) or read(1):  # show_existing_frame; frame_type 1 (non key frame)
-        return None
-    read(2)  # show_frame, error_resilient_mode
-    if read(24) != SYNC_CODE:
-        return None
-    if profile >= 2:
-        read(1)  # ten_or_twelve_bit
-    color_space = read(3)
-    if color_space != 7:  # not CS_RGB
-        read(1)  # color_range
-        if profile in (1, 3):
-            read(3)  # subsampling_x, subsampling_y, reserved zero
-    elif profile in (1, 3):
-        read(1)  # reserved zero
-    else:
-        return None  # RGB is not allowed in profiles 0 and 2
-    return read(16) + 1, read(16) + 1
-
-
-def is_keyframe(frame: bytes) -> bool:
-    """Whether ``frame`` starts with a VP9 key frame (:func:`keyframe_size`)."""
-    return keyframe_size(frame) is not None
 
 
 class Vp9Packetizer:
