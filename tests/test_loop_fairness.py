@@ -120,24 +120,37 @@ async def test_sdp_checks_take_turns_under_a_burst(
 
 
 async def test_a_lease_gate_bounds_holders_and_takes_back_an_expired_place() -> None:
+    # One holder stays past its lease; ten quick ones (10 ms each: 100 ms of holds, past
+    # the stuck one's 50 ms) go through the other place. Observed by the loop's clock,
+    # not by how fast this machine runs them: the stuck lease's expiry is a timer, which
+    # never fires before its deadline, so until then the quick holders share one place;
+    # once it has fired, the expired place is theirs too (two at once), never more.
     gate = LeaseGate(2, lease_s=0.05)
-    holding = [0]
+    loop = asyncio.get_running_loop()
+    quick = [0]
+    most_before_expiry = [0]
     most = [0]
     hold_on = asyncio.Event()
 
-    async def hold(wait: asyncio.Event | None) -> None:
+    async def stuck_holder() -> None:
         async with gate.lease():
-            holding[0] += 1
-            most[0] = max(most[0], holding[0])
-            if wait is not None:
-                await wait.wait()  # past its lease
-            else:
-                await asyncio.sleep(0.001)
-            holding[0] -= 1
+            await hold_on.wait()  # past its lease
 
-    stuck = asyncio.create_task(hold(hold_on))
+    async def quick_holder() -> None:
+        async with gate.lease():
+            quick[0] += 1
+            most[0] = max(most[0], quick[0])
+            if loop.time() < expires_at:
+                most_before_expiry[0] = max(most_before_expiry[0], quick[0])
+            await asyncio.sleep(0.01)
+            quick[0] -= 1
+
+    expires_at = loop.time() + gate.lease_s  # the stuck lease begins after this: expires later
+    stuck = asyncio.create_task(stuck_holder())
+    await asyncio.sleep(0)  # the stuck holder takes its place first
     async with asyncio.timeout(5):
-        await asyncio.gather(*(hold(None) for _ in range(10)))  # not held up by ``stuck``
+        await asyncio.gather(*(quick_holder() for _ in range(10)))  # not held up by it
+    assert most_before_expiry[0] <= 1
     assert most[0] == 2
     hold_on.set()
     await stuck
