@@ -91,6 +91,7 @@ async def test_chromium_720p_vp8_ramps_with_no_hints_on_the_default_config(
     assert f" {TRANSPORT_CC_URI}" in video
     assert " transport-cc" in video  # a=rtcp-fb:<pt> transport-cc
     assert "x-google-start-bitrate=1000" in video  # pipeline.start_bitrate_bps's default
+    assert "b=AS:10000\r\n" in video  # pipeline.max_bitrate_bps's default, 10 Mb/s
     run_id: str = state["runId"]
     first = await wait_for_type(timeline, run_id, "first_frame", wait_s=30)
     assert first.data["codec"] == "VP8"

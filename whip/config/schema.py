@@ -215,7 +215,10 @@ class PipelineConfig:
     stats_interval_s: float = 5.0
     analyze_audio: bool = True
     processors: tuple[str, ...] = ()
-    max_bitrate_bps: int = 0
+    # A ceiling by default: without one, libwebrtc holds each resolution to its own
+    # per-resolution maximum (1.7 Mb/s at 640x360) and a detailed camera picture never
+    # leaves 640x360 (docs/INTEROP.md, section 7).
+    max_bitrate_bps: int = 10_000_000
     start_bitrate_bps: int = 1_000_000
     transport_cc: bool = True
     video_codecs: tuple[VideoCodecName, ...] = DEFAULT_VIDEO_CODECS
@@ -254,7 +257,8 @@ class PipelineConfig:
         "processors": Rule("extra frame processors, 'module:attribute'", check=check_processors),
         "max_bitrate_bps": Rule(
             "video bitrate ceiling announced to publishers (b=AS/b=TIAS in the answer, and "
-            "REMB; 0: none); see docs/INTEROP.md for which publishers honour it",
+            "REMB; 0: none, and libwebrtc publishers then keep to their own per-resolution "
+            "maximum); see docs/INTEROP.md for which publishers honour it",
             0,
             10_000_000_000,
         ),
