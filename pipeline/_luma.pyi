@@ -5,23 +5,26 @@ The sums run with the GIL released; every size and both buffers are checked firs
 
 from collections.abc import Buffer
 
+strips: int
+"""1 when :func:`block_means` sums with its AVX2 strips (the CPU has AVX2 and the
+environment had no ``WHIP_LUMA_PORTABLE`` at import), 0 when with the portable loop."""
+
 def block_means(
     plane: Buffer,
     width: int,
     height: int,
     line_size: int,
-    out: Buffer,
     out_width: int,
     out_height: int,
     limited_range: bool,
     /,
-) -> None:
-    """Write the ``out_width`` x ``out_height`` means of the blocks tiling a ``width`` x
-    ``height`` 8-bit luma plane (rows of ``line_size`` bytes) into ``out``, rounded; with
+) -> bytes:
+    """The ``out_width`` x ``out_height`` means of the blocks tiling a ``width`` x
+    ``height`` 8-bit luma plane (rows of ``line_size`` bytes), rounded, row by row; with
     ``limited_range``, mapped from 16..235 to 0..255 (clamped).
 
     Raises ValueError when the picture is smaller than the output, a side is over
-    65536, ``line_size`` is under ``width`` (or over 262144), or a buffer is too short.
+    65536, ``line_size`` is under ``width`` (or over 262144), or the plane is too short.
     """
 
 def code_sum(codes: Buffer, /) -> int:

@@ -5,10 +5,15 @@
 hypothesis-drawn sizes, strides and contents; ``small_luma`` is checked against the
 swscale path it replaced on decoded pictures of every fast-path format, both ranges,
 and a size that does not divide into 64x36; the two sums against numpy's. Bad sizes
-and short buffers are refused before anything is written.
+and short planes are refused before anything is read.
 """
 
 from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
 
 import numpy as np
 import numpy.typing as npt
@@ -18,7 +23,7 @@ from av.video.reformatter import VideoReformatter
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from pipeline._luma import abs_diff_sum, block_means, code_sum
+from pipeline._luma import abs_diff_sum, block_means, code_sum, strips
 from pipeline.analyzers.base import SMALL_HEIGHT, SMALL_WIDTH, _swscale_luma, small_luma
 
 
@@ -60,9 +65,54 @@ def test_block_means_is_the_rounded_mean_of_each_tile(
     level, spread = int(rng.integers(0, 256)), int(rng.integers(0, 256))
     noise = rng.integers(-spread, spread + 1, (height, width + pad))
     padded = np.clip(level + noise, 0, 255).astype(np.uint8)
-    out = np.full((out_h, out_w), 7, np.uint8)
-    block_means(padded.tobytes(), width, height, width + pad, out, out_w, out_h, limited)
+    codes = block_means(padded.tobytes(), width, height, width + pad, out_w, out_h, limited)
+    assert isinstance(codes, bytes) and len(codes) == out_w * out_h
+    out = np.frombuffer(codes, np.uint8).reshape(out_h, out_w)
     np.testing.assert_array_equal(out, reference(padded[:, :width], out_w, out_h, limited))
+
+
+@pytest.mark.parametrize(
+    ("width", "height", "pad", "out_w", "out_h"),
+    [
+        (1280, 720, 0, 64, 36),  # what decoders give: the AVX2 strips, 32 columns each
+        (1278, 718, 34, 64, 36),  # tiles of 19 and 20, a padded stride, a partial strip
+        (200, 600, 8, 3, 2),  # 300 rows a tile: over 257, the 32-bit column sums
+    ],
+)
+def test_block_means_of_full_sized_planes_is_the_reference(
+    width: int, height: int, pad: int, out_w: int, out_h: int
+) -> None:
+    rng = np.random.default_rng(width * height)
+    padded = rng.integers(0, 256, (height, width + pad)).astype(np.uint8)
+    for limited in (False, True):
+        codes = block_means(padded.tobytes(), width, height, width + pad, out_w, out_h, limited)
+        np.testing.assert_array_equal(
+            np.frombuffer(codes, np.uint8).reshape(out_h, out_w),
+            reference(padded[:, :width], out_w, out_h, limited),
+        )
+
+
+def test_the_portable_loop_gives_the_same_codes_as_the_strips() -> None:
+    """``WHIP_LUMA_PORTABLE`` (read at import) keeps the module off its AVX2 strips: the
+    same plane through both, the portable one in a child interpreter."""
+    rng = np.random.default_rng(7)
+    plane = rng.integers(0, 256, (720, 1312)).astype(np.uint8).tobytes()
+    script = (
+        "import sys; from pipeline._luma import block_means, strips; "
+        "assert not strips; plane = sys.stdin.buffer.read(); "
+        "sys.stdout.buffer.write(block_means(plane, 1280, 720, 1312, 64, 36, True))"
+    )
+    child = subprocess.run(
+        [sys.executable, "-c", script],
+        input=plane,
+        capture_output=True,
+        check=True,
+        timeout=60,
+        cwd=Path(__file__).parent.parent,
+        env={**os.environ, "WHIP_LUMA_PORTABLE": "1"},
+    )
+    assert child.stdout == block_means(plane, 1280, 720, 1312, 64, 36, True)
+    assert strips == ("avx2" in Path("/proc/cpuinfo").read_text())  # this one took them
 
 
 def test_block_means_maps_video_black_and_white_to_the_full_range() -> None:
@@ -72,12 +122,8 @@ def test_block_means_maps_video_black_and_white_to_the_full_range() -> None:
         (0, True, 0),
         (255, True, 255),
     ]:
-        out = np.empty((2, 2), np.uint8)
-        block_means(bytes([code]) * 64, 8, 8, 8, out, 2, 2, limited)
-        assert out.tolist() == [[expected] * 2] * 2
-    out = np.empty((1, 1), np.uint8)
-    block_means(bytes([16]) * 4, 2, 2, 2, out, 1, 1, False)
-    assert out.tolist() == [[16]]
+        assert block_means(bytes([code]) * 64, 8, 8, 8, 2, 2, limited) == bytes([expected] * 4)
+    assert block_means(bytes([16]) * 4, 2, 2, 2, 1, 1, False) == bytes([16])
 
 
 @pytest.mark.parametrize(
@@ -93,22 +139,17 @@ def test_block_means_maps_video_black_and_white_to_the_full_range() -> None:
         ((bytes(64), 8, 8, 10**15, 2, 2), "line_size"),
     ],
 )
-def test_block_means_refuses_what_does_not_fit_and_writes_nothing(
+def test_block_means_refuses_what_does_not_fit(
     args: tuple[bytes, int, int, int, int, int], message: str | None
 ) -> None:
     plane, width, height, line_size, out_w, out_h = args
-    out = bytearray(b"\x07" * 8)
     if message is None:
-        block_means(plane, width, height, line_size, out, out_w, out_h, True)
-        assert out[:4] == bytes(4)
+        assert block_means(plane, width, height, line_size, out_w, out_h, True) == bytes(4)
         return
     with pytest.raises(ValueError, match=message):
-        block_means(plane, width, height, line_size, out, out_w, out_h, True)
-    assert out == bytearray(b"\x07" * 8)
-    with pytest.raises(ValueError, match="out is shorter"):
-        block_means(bytes(64), 8, 8, 8, bytearray(3), 2, 2, True)
-    with pytest.raises(TypeError):  # a read-only out
-        block_means(bytes(64), 8, 8, 8, bytes(4), 2, 2, True)
+        block_means(plane, width, height, line_size, out_w, out_h, True)
+    with pytest.raises(TypeError):  # the plane must be a buffer
+        block_means("not a buffer", 8, 8, 8, 2, 2, True)  # type: ignore[arg-type]
 
 
 def test_the_sums_are_numpys() -> None:
@@ -120,6 +161,10 @@ def test_the_sums_are_numpys() -> None:
     assert abs_diff_sum(a, a) == 0 and code_sum(b"") == 0
     with pytest.raises(ValueError, match="one length"):
         abs_diff_sum(a, b[:-1])
+
+
+def _as_array(codes: bytes) -> npt.NDArray[np.uint8]:
+    return np.frombuffer(codes, np.uint8).reshape(SMALL_HEIGHT, SMALL_WIDTH)
 
 
 def _picture(width: int, height: int, pix_fmt: str) -> VideoFrame:
@@ -153,10 +198,10 @@ def test_small_luma_agrees_with_the_swscale_path(
 ) -> None:
     frame = _picture(*size, pix_fmt)
     frame.color_range = color_range
-    codes = small_luma(frame, VideoReformatter())
-    expected = _swscale_luma(frame, VideoReformatter()).astype(np.int16)
-    assert codes.shape == (SMALL_HEIGHT, SMALL_WIDTH) and not codes.flags.writeable
-    assert codes.flags.c_contiguous  # what the C sums of scene and black read
+    luma = small_luma(frame, VideoReformatter())
+    assert isinstance(luma, bytes) and len(luma) == SMALL_WIDTH * SMALL_HEIGHT  # immutable
+    codes = np.frombuffer(luma, np.uint8).reshape(SMALL_HEIGHT, SMALL_WIDTH)
+    expected = _as_array(_swscale_luma(frame, VideoReformatter())).astype(np.int16)
     # ... and it is the C's block means (the fast path was taken), exactly:
     plane = frame.planes[0]
     luma = np.frombuffer(plane, np.uint8).reshape(-1, plane.line_size)[: size[1], : size[0]]
@@ -172,5 +217,5 @@ def test_small_luma_agrees_with_the_swscale_path(
 def test_small_luma_falls_back_to_swscale_for_other_formats_and_tiny_pictures() -> None:
     for frame in (_picture(640, 360, "gray"), _picture(48, 30, "yuv420p")):
         codes = small_luma(frame, VideoReformatter())
-        np.testing.assert_array_equal(codes, _swscale_luma(frame, VideoReformatter()))
-        assert codes.flags.c_contiguous and not codes.flags.writeable
+        assert isinstance(codes, bytes) and len(codes) == SMALL_WIDTH * SMALL_HEIGHT
+        assert codes == _swscale_luma(frame, VideoReformatter())

@@ -10,7 +10,7 @@ import threading
 
 import av
 import numpy as np
-import numpy.typing as npt
+from av.video.plane import VideoPlane
 from av.video.reformatter import VideoReformatter
 
 from pipeline._luma import block_means
@@ -70,9 +70,10 @@ _FULL_RANGE = 2
 """``AVCOL_RANGE_JPEG``: a frame tagged full range (whatever its format)."""
 
 
-def small_luma(frame: av.VideoFrame, reformatter: VideoReformatter) -> npt.NDArray[np.uint8]:
+def small_luma(frame: av.VideoFrame, reformatter: VideoReformatter) -> bytes:
     """The frame's luma, area-averaged down to 64x36: full-range 8-bit codes, 0..255
-    (``code / LUMA_MAX`` is the luma on 0..1), read-only.
+    (``code / LUMA_MAX`` is the luma on 0..1), row by row, as one ``bytes`` of
+    ``SMALL_WIDTH * SMALL_HEIGHT`` (immutable: scene and black share it).
 
     Computed once per frame per thread: the scene and black analyzers both ask for it,
     and the downscale is most of their cost. The thread keeps one reference to its last
@@ -95,30 +96,33 @@ def small_luma(frame: av.VideoFrame, reformatter: VideoReformatter) -> npt.NDArr
     plane is read once, mostly from memory (the decoder wrote it a frame's decode ago),
     which is what this costs; the C reads it with less work per byte and fetches rows
     ahead (figures: ``docs/PERFORMANCE.md``, "Analyzers").
+
+    The fast path's Python is kept to a few attribute reads, because every object it
+    touches is cold after a decode: the plane is made alone (``VideoPlane(frame, 0)``;
+    ``frame.planes`` makes one per plane, 3 for ``yuv420p``) and the C returns the codes
+    as ``bytes`` (no numpy array to allocate and flag read-only).
     """
     last = getattr(_last_luma, "value", None)
     if last is not None and last[0] is frame:
-        cached: npt.NDArray[np.uint8] = last[1]
+        cached: bytes = last[1]
         return cached
     width, height = frame.width, frame.height
     full = _LUMA_PLANE_FORMATS.get(frame.format.name)
     if full is not None and width >= SMALL_WIDTH and height >= SMALL_HEIGHT:
         limited = not full and frame.color_range != _FULL_RANGE
-        codes = np.empty((SMALL_HEIGHT, SMALL_WIDTH), np.uint8)
-        plane = frame.planes[0]
-        block_means(
-            plane, width, height, plane.line_size, codes, SMALL_WIDTH, SMALL_HEIGHT, limited
+        plane = VideoPlane(frame, 0)
+        codes = block_means(
+            plane, width, height, plane.line_size, SMALL_WIDTH, SMALL_HEIGHT, limited
         )
     else:
         codes = _swscale_luma(frame, reformatter)
-    codes.setflags(write=False)
     _last_luma.value = (frame, codes)
     return codes
 
 
-def _swscale_luma(frame: av.VideoFrame, reformatter: VideoReformatter) -> npt.NDArray[np.uint8]:
-    """:func:`small_luma` by swscale (any format): the output frame's plane, read in
-    place (copied when FFmpeg padded its lines, so that it is always C-contiguous)."""
+def _swscale_luma(frame: av.VideoFrame, reformatter: VideoReformatter) -> bytes:
+    """:func:`small_luma` by swscale (any format): the output frame's plane, without the
+    padding FFmpeg may add at the end of each line."""
     small = reformatter.reformat(
         frame,
         width=SMALL_WIDTH,
@@ -130,9 +134,7 @@ def _swscale_luma(frame: av.VideoFrame, reformatter: VideoReformatter) -> npt.ND
     plane = small.planes[0]
     stride = plane.line_size  # FFmpeg pads lines to its alignment (64 here, no padding)
     codes = np.frombuffer(plane, np.uint8, SMALL_HEIGHT * stride).reshape(SMALL_HEIGHT, stride)
-    if stride != SMALL_WIDTH:  # contiguous, as the C sums of scene and black need
-        codes = np.ascontiguousarray(codes[:, :SMALL_WIDTH])
-    return codes
+    return codes[:, :SMALL_WIDTH].tobytes()
 
 
 class Episode:

@@ -47,7 +47,7 @@ class VideoBlack:
     def process(self, frame: av.VideoFrame, meta: FrameMeta) -> list[Event]:
         """Measure ``frame``; a ``video_black`` start or end event when one is due."""
         codes = small_luma(frame, self._reformatter)
-        luma = code_sum(codes) / (codes.size * LUMA_MAX)  # the mean, on 0..1
+        luma = code_sum(codes) / (len(codes) * LUMA_MAX)  # the mean, on 0..1
         self.luma = luma
         limit = self.threshold + (self.hysteresis if self._episode.started else 0.0)
         at = media_ms(meta)

@@ -18,8 +18,6 @@ a run of them. Data: ``{"score", "mad", "at_ms"}`` (``at_ms``: media time,
 from __future__ import annotations
 
 import av
-import numpy as np
-import numpy.typing as npt
 from av.video.reformatter import VideoReformatter
 
 from pipeline._luma import abs_diff_sum
@@ -43,7 +41,7 @@ class SceneChange:
         """The last frame's score (0 for the first frame)."""
         self.events = 0
         self._reformatter = VideoReformatter()
-        self._previous: npt.NDArray[np.uint8] | None = None
+        self._previous: bytes | None = None
         self._previous_mad = 0.0
         self._last_event_ms: float | None = None
 
@@ -55,7 +53,7 @@ class SceneChange:
             return []
         # In integers (exact), scaled once, in one C loop: numpy's subtract, abs and sum
         # cost microseconds each on a worker whose caches the decoder just went through.
-        mad = abs_diff_sum(codes, previous) / (codes.size * LUMA_MAX)
+        mad = abs_diff_sum(codes, previous) / (len(codes) * LUMA_MAX)
         score = min(1.0, SCORE_SCALE * min(mad, abs(mad - self._previous_mad)))
         self._previous_mad = mad
         self.score = score
