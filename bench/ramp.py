@@ -8,7 +8,8 @@ fresh headless Chromium (``bench/support/browser_publisher.py``) pushing 1280x72
 no bitrate hints for ``--seconds`` (default 16). Modes:
 
 - ``default``: the server's defaults (transport-cc feedback, ``pipeline.start_bitrate_bps``
-  1 Mb/s in the answer's ``x-google-start-bitrate``);
+  1 Mb/s in the answer's ``x-google-start-bitrate``, ``pipeline.max_bitrate_bps`` 10 Mb/s
+  in its ``b=AS``/``b=TIAS`` and REMB);
 - ``no-start``: transport-cc, no start bitrate in the answer (Chromium's own 300 kb/s);
 - ``remb``: ``pipeline.transport_cc = false`` and no start bitrate (aiortc's REMB, the
   behaviour before transport-cc was answered); ``remb+start``: the same with 1 Mb/s;
