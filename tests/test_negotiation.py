@@ -54,6 +54,7 @@ from whip.rtc.peer import dtls_transports
 from whip.rtc.rtp_guard import guards_of
 from whip.rtc.tap import TapNotInstalledError, install_tap
 from whip.sdp import OfferSummary, UnprocessableOfferError, check_offer, finalize_answer
+from whip.sdp.congestion import announce_ceiling
 
 WAIT_S = 15.0
 RECORDED = ("setRemoteDescription", "createAnswer", "setLocalDescription")
@@ -182,9 +183,13 @@ async def test_negotiate_answers_a_real_offer_with_every_patch_in_order(
         assert type(dtls._RTCDtlsTransport__local_certificate) is WideCipherCertificate
 
     # What it returns.
-    assert negotiated.answer_sdp == finalize_answer(
-        pc.localDescription.sdp, summary, config.server.public_hosts
+    # aiortc offers no transport-cc, so no start bitrate; the default ceiling is announced.
+    assert config.pipeline.max_bitrate_bps == 10_000_000
+    assert negotiated.answer_sdp == announce_ceiling(
+        finalize_answer(pc.localDescription.sdp, summary, config.server.public_hosts),
+        config.pipeline.max_bitrate_bps,
     )
+    assert negotiated.answer_sdp.count("b=AS:10000\r\n") == 1  # the video section's
     assert negotiated.answer_sdp.count("a=recvonly") == 2
     assert [(i.kind, i.label) for i in negotiated.intakes] == [
         ("video", "s_n1 video"),
