@@ -267,12 +267,15 @@ async def test_a_consent_answer_keeps_a_mute_publisher_alive(peers: LoopbackPeer
 async def test_media_keeps_a_publisher_that_never_answers_consent_alive(
     peers: LoopbackPeers,
 ) -> None:
-    timeout_s, consent_s = 0.4, 0.1
+    # Consent ignored for 2 s, twice the timeout. The timeout leaves room for the
+    # publisher's media to stall: at 0.4 s a full suite's load once stopped aiortc's
+    # packets for longer than that, and the peer expired after 3 ignored checks.
+    timeout_s, consent_s = 1.0, 0.1
     pair = await connect(peers, media=True, timeout_s=timeout_s, consent_interval_s=consent_s)
     ignored = ignore_consent(pair.publisher)
     answered = pair.liveness.consent_ok
     media_before = pair.liveness.media_packets
-    await ignored.reaches(10)
+    await ignored.reaches(20)
     assert pair.expired == [] and not pair.liveness.expired
     assert pair.liveness.consent_ok <= answered + 1, "at most one answer was in flight"
     assert pair.liveness.media_packets > media_before
