@@ -39,6 +39,7 @@
 
 #define MAX_SIDE 65536 /* column sums of up to MAX_SIDE rows of 255 fit 32 bits */
 #define PREFETCH_ROWS 8 /* how far ahead rows are fetched (see prefetch_row) */
+#define NARROW_ROWS 257 /* 16-bit column sums of up to this many rows of 255 fit */
 
 /* Ask for row y + PREFETCH_ROWS while row y is summed. The plane is read once, right
  * after the decoder wrote it and mostly from memory; the hardware prefetchers stop at
@@ -62,8 +63,9 @@ prefetch_row(const uint8_t *plane, Py_ssize_t y, Py_ssize_t width, Py_ssize_t he
 #endif
 }
 
-/* Column sums of rows [y0, y1) into columns[0..width): 16 bits while they cannot
- * overflow (up to 257 rows of 255), which halves the vector work, else 32.
+/* Column sums of rows [y0, y1): into narrow[0..width), 16 bits, while they cannot
+ * overflow (up to NARROW_ROWS rows of 255), which halves the vector work, else into
+ * columns[0..width), 32 bits.
  *
  * Built twice by GCC's target_clones (the loader picks one per CPU through an ifunc):
  * with AVX2 the compiler vectorizes the sums 32 bytes at a time instead of 16, which
@@ -81,7 +83,7 @@ sum_rows(const uint8_t *restrict plane, Py_ssize_t width, Py_ssize_t height,
          Py_ssize_t line_size, Py_ssize_t y0, Py_ssize_t y1, uint32_t *restrict columns,
          uint16_t *restrict narrow)
 {
-    if (y1 - y0 <= 257) {
+    if (y1 - y0 <= NARROW_ROWS) {
         memset(narrow, 0, (size_t)width * sizeof(uint16_t));
         for (Py_ssize_t y = y0; y < y1; y++) {
             prefetch_row(plane, y, width, height, line_size);
@@ -89,9 +91,6 @@ sum_rows(const uint8_t *restrict plane, Py_ssize_t width, Py_ssize_t height,
             for (Py_ssize_t x = 0; x < width; x++) {
                 narrow[x] = (uint16_t)(narrow[x] + row[x]);
             }
-        }
-        for (Py_ssize_t x = 0; x < width; x++) {
-            columns[x] = narrow[x];
         }
         return;
     }
@@ -123,7 +122,7 @@ rounded_quotient(int64_t n, int64_t den, double inv)
     return q;
 }
 
-/* The 16-bit column sums of rows [y0, y1) (at most 257 of them) into narrow, by
+/* The 16-bit column sums of rows [y0, y1) (at most NARROW_ROWS of them) into narrow, by
  * strips of 32 columns that stay in two AVX2 registers over the rows: where sum_rows
  * loads and stores its 16-bit sums once per row, this does once per tile row. The
  * strips walk down the rows, which the hardware prefetchers follow less well than a
@@ -183,27 +182,20 @@ compute(const uint8_t *restrict plane, Py_ssize_t width, Py_ssize_t height,
     double inv = 0.0;
     for (Py_ssize_t j = 0; j < out_height; j++) {
         Py_ssize_t y0 = j * height / out_height, y1 = (j + 1) * height / out_height;
-        int strips = 0;
+        int in_narrow = y1 - y0 <= NARROW_ROWS; /* where either loop leaves the sums */
 #ifdef HAVE_STRIPS
-        strips = use_strips && y1 - y0 <= 257;
-        if (strips) {
+        if (in_narrow && use_strips) {
             sum_strips_avx2(plane, width, height, line_size, y0, y1, narrow);
         }
+        else
 #endif
-        if (!strips) {
+        {
             sum_rows(plane, width, height, line_size, y0, y1, columns, narrow);
         }
         for (Py_ssize_t i = 0; i < out_width; i++) {
             uint64_t sum = 0;
-            if (strips) {
-                for (Py_ssize_t x = xs[i]; x < xs[i + 1]; x++) {
-                    sum += narrow[x];
-                }
-            }
-            else {
-                for (Py_ssize_t x = xs[i]; x < xs[i + 1]; x++) {
-                    sum += columns[x];
-                }
+            for (Py_ssize_t x = xs[i]; x < xs[i + 1]; x++) {
+                sum += in_narrow ? narrow[x] : columns[x];
             }
             int64_t count = (int64_t)(xs[i + 1] - xs[i]) * (y1 - y0);
             /* limited: round(255 * (mean - 16) / 219), clamped to 0..255 */
