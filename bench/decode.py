@@ -86,8 +86,7 @@ sys.path.insert(0, str(REPO))  # before bench/ (``bench/whip.py`` would shadow `
 import av  # noqa: E402
 import numpy as np  # noqa: E402
 
-from bench.support.interleaved_decode import run_interleaved  # noqa: E402
-from pipeline.analysis import Analysis, AnalysisSettings  # noqa: E402
+from bench.support.interleaved_decode import run_interleaved, video_analysis  # noqa: E402
 from pipeline.decoder import DECODERS, DecodeStats, decoder_worker  # noqa: E402
 from pipeline.frame import EncodedFrame  # noqa: E402
 from pipeline.intake import FrameIntake  # noqa: E402
@@ -224,19 +223,8 @@ def run_pipeline(
     events: list[tuple[str, dict[str, object]]] = []
     analysis = None
     if analyzers:
-        analysis = Analysis(
-            lambda etype, data: events.append((etype, data)),
-            run_id="r_bench",
-            settings=AnalysisSettings(),
-            kinds=("video",),
-            thumbnail_dir=thumb_dir,
-            posted_at=time.monotonic(),
-        )
-        analysis.bind(
-            "video",
-            intake_stats=intake.stats,
-            decode_stats=lambda: stats,
-            intake_counters=lambda: (intake.frames_in, intake.bytes_in),
+        analysis = video_analysis(
+            intake, stats, thumb_dir, lambda etype, data: events.append((etype, data))
         )
         for name in disable:  # ablation: this analyzer's process() becomes a no-op
             getattr(analysis, name).process = lambda frame, meta: []

@@ -67,6 +67,31 @@ WAIT_S = 60.0
 """The longest a segment may take before the measurement is abandoned."""
 
 
+def video_analysis(
+    intake: FrameIntake,
+    stats: DecodeStats,
+    thumb_dir: Path | None,
+    emit: Callable[[str, dict[str, object]], None],
+) -> Analysis:
+    """The server's video analyzers with their defaults, bound to ``intake`` and
+    ``stats`` as a session binds them (both of ``bench/decode.py``'s methods use it)."""
+    analysis = Analysis(
+        emit,
+        run_id="r_bench",
+        settings=AnalysisSettings(),
+        kinds=VIDEO,
+        thumbnail_dir=thumb_dir,
+        posted_at=time.monotonic(),
+    )
+    analysis.bind(
+        "video",
+        intake_stats=intake.stats,
+        decode_stats=lambda: stats,
+        intake_counters=lambda: (intake.frames_in, intake.bytes_in),
+    )
+    return analysis
+
+
 def _pin(cpu: int) -> None:
     """Pin the calling thread (Linux: affinity is per thread) to ``cpu``."""
     os.sched_setaffinity(0, {cpu})
@@ -171,19 +196,8 @@ class _PipelineSide:
         self.stats = DecodeStats("video")
         self.analysis: Analysis | None = None
         if analyzers:
-            self.analysis = Analysis(
-                lambda etype, data: None,
-                run_id="r_bench",
-                settings=AnalysisSettings(),
-                kinds=VIDEO,
-                thumbnail_dir=thumb_dir,
-                posted_at=time.monotonic(),
-            )
-            self.analysis.bind(
-                "video",
-                intake_stats=self.intake.stats,
-                decode_stats=lambda: self.stats,
-                intake_counters=lambda: (self.intake.frames_in, self.intake.bytes_in),
+            self.analysis = video_analysis(
+                self.intake, self.stats, thumb_dir, lambda etype, data: None
             )
         self._delivered = 0
         self._target = 0
