@@ -53,6 +53,7 @@ bench: $(STAMP)
 	$(BIN)/python bench/whip.py > bench-whip.json
 	$(BIN)/python bench/api.py > bench-api.json
 	$(BIN)/python bench/decode.py > bench-decode.json
+	$(BIN)/python bench/analysis_ablation.py > bench-analysis-ablation.json
 	$(BIN)/python bench/rtp_payload.py > bench-rtp-payload.json
 	$(BIN)/python bench/stream_lint.py > bench-stream-lint.json
 	$(BIN)/python bench/recording.py > bench-recording.json
