@@ -12,6 +12,7 @@ from __future__ import annotations
 import io
 import itertools
 import os
+import random
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -497,6 +498,42 @@ def test_black_hysteresis_keeps_a_near_black_picture_in_the_episode() -> None:
             for _, data in black.process(still(64, 36, level), meta_at(index))
         ]
     assert history == [(15, "start"), (30, "end")]
+
+
+def test_black_run_broken_by_one_bright_frame_starts_over() -> None:
+    # The pending run (1.5 s of black, under the 2 s minimum) must be forgotten at the
+    # bright frame; were it kept, the second run would open an episode dated from the first.
+    black = VideoBlack(min_duration_s=2.0)
+    levels = [0] * 45 + [200] + [0] * 45 + [200]
+    events = []
+    for index, level in enumerate(levels):
+        events += black.process(still(64, 36, level), meta_at(index))
+    assert events == []
+    assert black.luma > 0.5
+
+
+def test_black_skipping_idle_frames_matches_every_frame_through_the_episode() -> None:
+    # The analyzer skips Episode.update for a bright frame when nothing is pending or open.
+    # Reference: the same frames, each through a plain Episode as the analyzer once did.
+    rng = random.Random(20261206)
+    levels = [0, 16, 26, 30, 60, 200]  # around the 0.1 threshold and its 0.12 hysteresis
+    frames = {level: still(64, 36, level) for level in levels}
+    black = VideoBlack(threshold=0.1, min_duration_s=0.3, hysteresis=0.02)
+    reference = Episode(300)
+    timestamp = 0
+    for index in range(3000):
+        level = rng.choice(levels) if rng.random() < 0.2 else (0 if index % 200 < 120 else 200)
+        timestamp = 0 if rng.random() < 0.005 else timestamp + 3000  # a new sender clock
+        meta = FrameMeta("video", "H264", index, timestamp, False, index / FPS, index / FPS)
+        got = black.process(frames[level], meta)
+        limit = 0.1 + (0.02 if reference.started else 0.0)
+        at = timestamp / 90.0
+        want = reference.update(black.luma < limit, at, at)
+        if want is not None and want["state"] == "start":
+            want["luma"] = round(black.luma, 4)
+        assert got == ([] if want is None else [("video_black", want)]), index
+        assert black.black == reference.started
+    assert black.events > 10  # episodes opened and closed along the way
 
 
 def test_episode_restarts_when_media_time_runs_backwards() -> None:

@@ -156,6 +156,12 @@ class Episode:
         self._since_ms: float | None = None
         self._last_ms: float | None = None
 
+    @property
+    def idle(self) -> bool:
+        """Nothing pending and nothing open: an inactive frame would change nothing (so
+        :meth:`update` may be skipped for it, which the black analyzer does per frame)."""
+        return self._since_ms is None
+
     def update(self, active: bool, at_ms: float, until_ms: float) -> dict[str, object] | None:
         """One frame covering ``[at_ms, until_ms)``; the event data when a state changes.
 
