@@ -1,12 +1,15 @@
 #!/usr/bin/env python3
 """Benchmark of webhook delivery (``whip/webhooks/``): throughput, and what it costs ingest.
 
-Prints exactly one JSON document on stdout; progress goes to stderr. Everything runs in
-this process as in the server: appends on the main event loop, the webhooks on their
-delivery thread's loop (:mod:`whip.webhooks.delivery_thread`), a real timeline (WAL,
-fsync) in a temporary directory, real dispatchers, and a real aiohttp receiver on 127.0.0.1 in a
-child process (its own CPU, as a real receiver's) that answers 204 at once and checks
-nothing (the receiver's cost is not the server's).
+Prints exactly one JSON document on stdout; progress goes to stderr. Everything runs as
+in the server: appends on this process's event loop, a real timeline (WAL, fsync) in a
+temporary directory, real dispatchers in the server's delivery process
+(:mod:`whip.webhooks.delivery_process`: a child that follows the WAL itself), and a real
+aiohttp receiver on 127.0.0.1 in another child process (its own CPU, as a real
+receiver's) that answers 204 at once and checks nothing (the receiver's cost is not the
+server's). ``--compare-thread`` adds, in the same rounds, the design before it: the
+dispatchers on a thread of this process (:mod:`whip.webhooks.delivery_thread`) with their
+HTTP attempts in :mod:`whip.webhooks.attempt_process`.
 
 Sections:
 
@@ -15,8 +18,11 @@ Sections:
    cursor reaches the log's end (each run in order, ``max_parallel_runs`` runs at once).
 2. ``confirm_latency``: ``--appends`` appends from ``--producers`` concurrent producers,
    each ``await timeline.append(...)`` timed, first with no webhook, then with
-   ``--webhooks`` webhooks delivering live, in the same run; then both once more in the
-   opposite order (warm-up and drift show as a difference between the two rounds).
+   ``--webhooks`` webhooks delivering live (and with them on the thread, given
+   ``--compare-thread``), in the same run; then all once more in the opposite order
+   (warm-up and drift show as a difference between the two rounds); ``--rounds`` such
+   pairs. ``pooled`` is every round's samples of a mode together (the modes alternate,
+   so the host's drift falls on all of them alike): the figure to read.
    Percentiles in milliseconds, and the added latency in percent. Two workloads:
    ``ingest_mix`` (a steady ``--mix-rate`` appends/s, default 100, mostly ``stats``,
    every 10th a lifecycle type: what a server's timeline sees) and ``every_event_wanted`` (back to
@@ -54,9 +60,10 @@ from registry.timeline import Timeline, TimelineConfig  # noqa: E402
 from whip.webhooks.attempt_process import AttemptProcess  # noqa: E402
 from whip.webhooks.config import WebhookConfig  # noqa: E402
 from whip.webhooks.cursor import CursorState, FileCursorStore  # noqa: E402
+from whip.webhooks.delivery_process import DeliveryProcess  # noqa: E402
 from whip.webhooks.delivery_thread import DeliveryThread  # noqa: E402
-from whip.webhooks.dispatcher import DEFAULT_SAVE_INTERVAL_S, WebhookDispatcher  # noqa: E402
-from whip.webhooks.service import WebhookGroup  # noqa: E402
+from whip.webhooks.dispatcher import WebhookDispatcher  # noqa: E402
+from whip.webhooks.group import FEED_GATHER_S, WebhookGroup  # noqa: E402
 
 SECRET = os.urandom(32)
 
@@ -83,6 +90,9 @@ async def serve_receiver() -> None:
     """The child process: answer 204 to every POST on 127.0.0.1; print the port; run
     until stdin closes (the parent exits or closes it)."""
 
+    if RECEIVER_NICE[0]:
+        os.nice(RECEIVER_NICE[0])
+
     async def accept(request: web.Request) -> web.Response:
         await request.read()
         return web.Response(status=204)
@@ -106,10 +116,12 @@ async def fast_receiver() -> tuple[asyncio.subprocess.Process, str]:
         sys.executable,
         __file__,
         "--serve-receiver",
+        f"--receiver-nice={RECEIVER_NICE[0]}",
         stdin=asyncio.subprocess.PIPE,
         stdout=asyncio.subprocess.PIPE,
     )
     assert child.stdout is not None
+    off_server_core(child.pid)
     port = int((await asyncio.wait_for(child.stdout.readline(), 30)).decode())
     return child, f"http://127.0.0.1:{port}/hook"
 
@@ -125,20 +137,27 @@ def webhook(name: str, url: str) -> WebhookConfig:
     )
 
 
-def attempts(webhooks: int) -> AttemptProcess | None:
-    """Where the group's HTTP attempts are made: a child process, as the server's
-    (:mod:`whip.webhooks.attempt_process`), unless ``--attempts-in-thread``."""
-    if not webhooks or ATTEMPTS_IN_THREAD[0]:
-        return None
-    return AttemptProcess("uvloop")
-
-
 async def wait_cursor(dispatcher: WebhookDispatcher, seq: int, within_s: float) -> None:
     """Until the dispatcher's cursor reaches ``seq`` (bounded; polls its own state)."""
     deadline = time.monotonic() + within_s
     while dispatcher.ledger is None or dispatcher.ledger.upto < seq:
         if time.monotonic() > deadline:
             raise RuntimeError(f"cursor not at {seq} within {within_s} s: {dispatcher.status()}")
+        await asyncio.sleep(0.005)
+
+
+async def wait_remote_cursors(delivery: DeliveryProcess, seq: int, within_s: float) -> None:
+    """Until every webhook of the delivery process has its cursor at ``seq`` (bounded;
+    asks the child, so only between measured windows)."""
+    deadline = time.monotonic() + within_s
+    while True:
+        await delivery.refresh()
+        items = delivery.items()
+        cursors = [items.get(w.name, {}).get("cursor", 0) for w in delivery.webhooks]
+        if all(isinstance(c, int) and c >= seq for c in cursors):
+            return
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"cursors not at {seq} within {within_s} s: {cursors}")
         await asyncio.sleep(0.005)
 
 
@@ -150,26 +169,24 @@ async def throughput(base: Path, url: str, backlog: int, runs: int) -> dict[str,
             for i in range(backlog)
         ]
         seqs = await asyncio.gather(*appends)
-        await FileCursorStore(base / "throughput" / "webhooks").save("fast", CursorState(0))
-        store = FileCursorStore(base / "throughput" / "webhooks")  # the delivery loop's
-        dispatcher = WebhookDispatcher(webhook("fast", url), timeline, store)
-        thread = DeliveryThread("uvloop")
-        await thread.start()
-        group = WebhookGroup([dispatcher], timeline, attempts=attempts(1))
+        cursors = base / "throughput" / "webhooks"
+        await FileCursorStore(cursors).save("fast", CursorState(0))
+        fast = webhook("fast", url)
+        delivery = DeliveryProcess([fast], timeline, cursors, "uvloop", gather_s=FEED_GATHER_S)
         started = time.perf_counter()
-        await thread.run(group.start())
-        await wait_cursor(dispatcher, max(seqs), 600)
+        await delivery.start()
+        await wait_remote_cursors(delivery, max(seqs), 600)
         elapsed = time.perf_counter() - started
-        await thread.run(group.aclose())
-        await thread.stop()
+        await delivery.aclose()
     finally:
         await asyncio.to_thread(timeline.close)
     return {
         "events": backlog,
         "runs": runs,
-        "max_parallel_runs": dispatcher.webhook.max_parallel_runs,
+        "max_parallel_runs": fast.max_parallel_runs,
         "seconds": round(elapsed, 3),
         "events_per_s": round(backlog / elapsed, 1),
+        "includes": "the delivery process's start (its index of the log)",
     }
 
 
@@ -217,60 +234,127 @@ async def ingest_mix(timeline: Timeline, appends: int, producers: int) -> list[f
 MIX_RATE_PER_S = [100.0]
 """Appends per second of ``ingest_mix`` (``--mix-rate``): about what 100 live sessions
 append (two tracks' ``stats`` every 5 s each, their lifecycle events, some analyzers)."""
-SAVE_INTERVAL_S = [DEFAULT_SAVE_INTERVAL_S]
-ATTEMPTS_IN_THREAD = [False]
 WORKLOADS = {"ingest_mix": ingest_mix, "every_event_wanted": closed_loop}
+SPLIT_CORES = [False]
+"""``--split-cores``: this process (the server: its loop and the WAL writer) on the first
+core, the delivery process and the receiver on the others. A diagnostic: what the
+webhooks cost the server when their CPU is not taken from the server's cores."""
+
+
+def off_server_core(pid: int) -> None:
+    """With ``--split-cores``, move ``pid`` off the server's core."""
+    if SPLIT_CORES[0]:
+        os.sched_setaffinity(pid, set(range(1, os.cpu_count() or 2)))
+
+
+RECEIVER_NICE = [0]
+"""``--receiver-nice``: the receiver's CPU priority below the server's (a real receiver
+runs on another host; on a 2-core bench host it competes with the server for the cores)."""
+
+
+async def round_with_process(
+    timeline: Timeline, base: Path, url: str, count: int, load: Any, appends: int, producers: int
+) -> list[float]:
+    """One measured window with ``count`` webhooks in the delivery process."""
+    hooks = [webhook(f"hook{n:02d}", url) for n in range(count)]
+    delivery = DeliveryProcess(hooks, timeline, base, "uvloop", gather_s=FEED_GATHER_S)
+    await delivery.start()
+    assert delivery.pid is not None
+    off_server_core(delivery.pid)
+    try:
+        latencies: list[float] = await load(timeline, appends, producers)
+        await wait_remote_cursors(delivery, timeline.durable_seq, 600)
+    finally:
+        await delivery.aclose()
+    return latencies
+
+
+async def round_with_thread(
+    timeline: Timeline, base: Path, url: str, count: int, load: Any, appends: int, producers: int
+) -> list[float]:
+    """One measured window with ``count`` webhooks on a delivery thread of this process,
+    their attempts in the attempt child (the design before the delivery process)."""
+    store = FileCursorStore(base)
+    dispatchers = [
+        WebhookDispatcher(webhook(f"thread{n:02d}", url), timeline, store) for n in range(count)
+    ]
+    group = WebhookGroup(dispatchers, timeline, attempts=AttemptProcess("uvloop"))
+    thread = DeliveryThread("uvloop")
+    await thread.start()
+    try:
+        await thread.run(group.start())
+        latencies: list[float] = await load(timeline, appends, producers)
+        for d in dispatchers:
+            await wait_cursor(d, timeline.durable_seq, 600)
+        await thread.run(group.aclose())
+    finally:
+        await thread.stop()
+    return latencies
+
+
+def added(figures: dict[str, Any], mode: str, stat: str) -> float:
+    return round(100 * (float(figures[mode][stat]) / float(figures["none"][stat]) - 1), 1)
 
 
 async def confirm_latency(
-    base: Path, url: str, appends: int, producers: int, webhooks: int, workload: str
+    base: Path, url: str, args: argparse.Namespace, workload: str
 ) -> dict[str, Any]:
     timeline = await asyncio.to_thread(Timeline.open, TimelineConfig(base / workload))
-    store = FileCursorStore(base / workload / "webhooks")
-    append_load = WORKLOADS[workload]
+    cursors = base / workload / "webhooks"
+    load = WORKLOADS[workload]
+    appends, producers, webhooks = args.appends, args.producers, args.webhooks
+    modes = ["none", "webhooks"] + (["thread"] if args.compare_thread else [])
     rounds: list[dict[str, Any]] = []
+    pooled: dict[str, list[float]] = {mode: [] for mode in modes}
     try:
-        await append_load(timeline, appends // 4, producers)  # warm-up
-        for order in (("none", "webhooks"), ("webhooks", "none")):
+        await load(timeline, appends // 4, producers)  # warm-up
+        for number in range(args.rounds * 2):
+            order = modes if number % 2 == 0 else modes[::-1]
             figures: dict[str, Any] = {}
             for mode in order:
-                count = webhooks if mode == "webhooks" else 0
-                dispatchers = [
-                    WebhookDispatcher(
-                        webhook(f"hook{n:02d}", url),
-                        timeline,
-                        store,
-                        save_interval_s=SAVE_INTERVAL_S[0],
+                if mode == "none":
+                    latencies = await load(timeline, appends, producers)
+                elif mode == "webhooks":
+                    latencies = await round_with_process(
+                        timeline, cursors / "process", url, webhooks, load, appends, producers
                     )
-                    for n in range(count)
-                ]
-                group = WebhookGroup(dispatchers, timeline, attempts=attempts(count))
-                thread = DeliveryThread("uvloop")
-                await thread.start()
-                if dispatchers:
-                    await thread.run(group.start())
-                latencies = await append_load(timeline, appends, producers)
-                for d in dispatchers:
-                    await wait_cursor(d, timeline.snapshot.last_seq, 600)
-                if dispatchers:
-                    await thread.run(group.aclose())
-                await thread.stop()
+                else:
+                    latencies = await round_with_thread(
+                        timeline, cursors / "thread", url, webhooks, load, appends, producers
+                    )
                 figures[mode] = percentiles(latencies)
-            figures["added_p50_percent"] = round(
-                100 * (figures["webhooks"]["p50_ms"] / figures["none"]["p50_ms"] - 1), 1
-            )
-            figures["added_p99_percent"] = round(
-                100 * (figures["webhooks"]["p99_ms"] / figures["none"]["p99_ms"] - 1), 1
-            )
+                pooled[mode] += latencies
+            for mode in modes[1:]:
+                figures[f"added_p50_percent_{mode}"] = added(figures, mode, "p50_ms")
+                figures[f"added_p99_percent_{mode}"] = added(figures, mode, "p99_ms")
+                figures[f"added_mean_percent_{mode}"] = added(figures, mode, "mean_ms")
             rounds.append({"order": list(order), **figures})
             log(f"{workload} round {order}: {figures}")
     finally:
         await asyncio.to_thread(timeline.close)
-    return {"appends": appends, "producers": producers, "webhooks": webhooks, "rounds": rounds}
+    summary = {
+        key: statistics.median(r[key] for r in rounds)
+        for key in rounds[0]
+        if key.startswith("added_")
+    }
+    every = {mode: percentiles(samples) for mode, samples in pooled.items()}
+    for mode in modes[1:]:
+        for stat in ("p50_ms", "p90_ms", "p99_ms", "mean_ms"):
+            every[f"added_{stat.removesuffix('_ms')}_percent_{mode}"] = added(every, mode, stat)
+    return {
+        "appends": appends,
+        "producers": producers,
+        "webhooks": webhooks,
+        "pooled": every,
+        "median_of_rounds": summary,
+        "rounds": rounds,
+    }
 
 
 async def main(args: argparse.Namespace) -> dict[str, Any]:
     load_before = os.getloadavg()
+    if SPLIT_CORES[0]:
+        os.sched_setaffinity(0, {0})  # before the timeline starts its writer thread
     child, url = await fast_receiver()
     try:
         with tempfile.TemporaryDirectory(dir=args.dir) as tmp:
@@ -279,9 +363,7 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
             result_throughput = await throughput(base, url, args.backlog, args.runs)
             log(f"throughput: {result_throughput}")
             latency = {
-                workload: await confirm_latency(
-                    base, url, args.appends, args.producers, args.webhooks, workload
-                )
+                workload: await confirm_latency(base, url, args, workload)
                 for workload in args.workloads
             }
     finally:
@@ -297,7 +379,9 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
         "throughput": result_throughput,
         "confirm_latency": latency,
         "ingest_mix_rate_per_s": MIX_RATE_PER_S[0],
-        "attempts": "thread" if ATTEMPTS_IN_THREAD[0] else "process",
+        "receiver_nice": RECEIVER_NICE[0],
+        "split_cores": SPLIT_CORES[0],
+        "delivery": "process" + (" and thread (compared)" if args.compare_thread else ""),
     }
 
 
@@ -314,16 +398,22 @@ def parse_args() -> argparse.Namespace:
     )
     parser.add_argument("--dir", default=None, help="base directory (default: the system's)")
     parser.add_argument("--mix-rate", type=float, default=100.0, help="ingest_mix appends/s")
+    parser.add_argument("--rounds", type=int, default=1, help="pairs of rounds (both orders)")
     parser.add_argument(
-        "--save-interval",
-        type=float,
-        default=DEFAULT_SAVE_INTERVAL_S,
-        help="seconds between cursor saves of each webhook (the dispatcher's default)",
+        "--compare-thread",
+        action="store_true",
+        help="also the dispatchers on a thread of this process (the design before)",
     )
     parser.add_argument(
-        "--attempts-in-thread",
+        "--receiver-nice",
+        type=int,
+        default=0,
+        help="run the receiver this much nicer than the server (0: the same priority)",
+    )
+    parser.add_argument(
+        "--split-cores",
         action="store_true",
-        help="HTTP attempts on the delivery thread's loop (before the attempt process)",
+        help="diagnostic: this process on core 0, the delivery process and receiver elsewhere",
     )
     parser.add_argument("--serve-receiver", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -334,9 +424,9 @@ def parse_args() -> argparse.Namespace:
 
 if __name__ == "__main__":
     arguments = parse_args()
-    SAVE_INTERVAL_S[0] = arguments.save_interval
     MIX_RATE_PER_S[0] = arguments.mix_rate
-    ATTEMPTS_IN_THREAD[0] = arguments.attempts_in_thread
+    RECEIVER_NICE[0] = arguments.receiver_nice
+    SPLIT_CORES[0] = arguments.split_cores
     if arguments.serve_receiver:
         asyncio.run(serve_receiver())
     else:

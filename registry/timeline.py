@@ -333,6 +333,15 @@ class Timeline:
         """The latest published snapshot (one reference read, no lock)."""
         return self._snapshots.current
 
+    @property
+    def durable_seq(self) -> int:
+        """The newest durable seq readers can see (the snapshot's; 0 for an empty log)."""
+        return self._snapshots.current.last_seq
+
+    def runs_after(self, seq: int) -> set[str]:
+        """The runs with a durable event past ``seq`` (O(runs), from any thread)."""
+        return {run.run_id for run in self.wal.index.runs() if run.seqs and run.seqs[-1] > seq}
+
     def _known(self, run_id: str) -> None:
         if run_id not in self.runs and run_id not in self.wal.index:
             raise UnknownRunError(f"unknown run {run_id!r}")

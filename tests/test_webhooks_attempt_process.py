@@ -23,7 +23,7 @@ from whip.webhooks.attempt_process import AttemptProcess
 from whip.webhooks.config import WebhookConfig, parse_webhooks
 from whip.webhooks.cursor import FileCursorStore
 from whip.webhooks.dispatcher import WebhookDispatcher
-from whip.webhooks.service import WebhookGroup
+from whip.webhooks.group import WebhookGroup
 from whip.webhooks.signing import headers
 
 SECRET = "whsec_" + base64.b64encode(b"a" * 32).decode()

@@ -26,7 +26,7 @@ from tests.support.webhook_receivers import Receivers
 from whip.webhooks.config import WebhookConfig, parse_webhooks
 from whip.webhooks.cursor import CursorFileError, CursorState, DeliveryLedger, FileCursorStore
 from whip.webhooks.dispatcher import WebhookDispatcher
-from whip.webhooks.service import WebhookGroup
+from whip.webhooks.group import WebhookGroup
 
 LogEntry = tuple[int, str, bool]
 """seq, run, wanted."""

@@ -1,4 +1,4 @@
-"""The webhook group (whip/webhooks/service.py): the feed's wake-ups are gathered, so
+"""The webhook group (whip/webhooks/group.py): the feed's wake-ups are gathered, so
 batches made durable close together reach the dispatchers in one take, and every event
 is still delivered, in order per run."""
 
@@ -17,7 +17,7 @@ from tests.support.webhook_receivers import Receivers
 from whip.webhooks.config import parse_webhooks
 from whip.webhooks.cursor import FileCursorStore
 from whip.webhooks.dispatcher import WebhookDispatcher
-from whip.webhooks.service import FEED_GATHER_S, WebhookGroup
+from whip.webhooks.group import FEED_GATHER_S, WebhookGroup
 
 SECRET = "whsec_" + base64.b64encode(b"g" * 32).decode()
 APPENDS = 60

@@ -31,9 +31,9 @@ lock), and collects the errors of every exit instead of stopping at the first:
    segments closed and recorded before any session starts); cleanup closes every live
    session (``session_closed`` reason ``shutdown``, durable) before the timeline closes.
 6. :func:`whip.webhooks.service.webhooks_context`: one dispatcher per ``[[webhooks]]``
-   entry on the webhooks' own thread (cursors in ``<data_dir>/webhooks/cursors.json``,
-   or in the cluster store in cluster mode);
-   cleanup stops them before the sessions close.
+   entry, in the webhooks' delivery process (a child that follows the WAL; cursors in
+   ``<data_dir>/webhooks/cursors.json``), or on the webhooks' own thread with the cursors
+   in the cluster store in cluster mode; cleanup stops them before the sessions close.
 7. :func:`_gc_policy`: :mod:`whip.gcpolicy` (``server.gc_young_threshold``,
    ``server.gc_freeze``); cleanup unfreezes the heap and restores the threshold.
 

@@ -6,11 +6,17 @@
   is kept (:class:`~whip.webhooks.cursor.CursorStore`; the data dir's group-committed
   file).
 - :mod:`whip.webhooks.delivery`: one HTTP attempt, bounded, and the retry delays.
-- :mod:`whip.webhooks.dispatcher`: one webhook's delivery loop: follows the timeline,
-  in order per run, runs in parallel up to a bound.
-- :mod:`whip.webhooks.delivery_thread`: the thread and event loop every dispatcher runs
-  on (never the server's loop).
-- :mod:`whip.webhooks.attempt_process`: the child process the dispatchers' HTTP attempts
+- :mod:`whip.webhooks.followed_log`: the log a dispatcher reads (the protocol), and the
+  delivery process's view of the WAL.
+- :mod:`whip.webhooks.dispatcher`: one webhook's delivery loop: follows the log, in order
+  per run, runs in parallel up to a bound.
+- :mod:`whip.webhooks.group`: the dispatchers of one loop, their feed subscription and
+  their close.
+- :mod:`whip.webhooks.delivery_process`: the embedded webhooks' child process, which
+  follows the WAL itself and runs every dispatcher, and the server's side of it.
+- :mod:`whip.webhooks.delivery_thread`: cluster mode's thread and event loop for its
+  deliverers (never the server's loop).
+- :mod:`whip.webhooks.attempt_process`: the child process cluster mode's HTTP attempts
   are made in (the aiohttp client off the server's GIL).
 - :mod:`whip.webhooks.cluster_delivery`: cluster mode's deliverer: the cursors and the
   delivery lease in the store (:mod:`registry.pg.webhook_store`), one node at a time.

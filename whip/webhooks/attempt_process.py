@@ -307,7 +307,7 @@ class _WriteOnly(asyncio.Protocol):
         return True  # the server never writes here; its end is shut for writing
 
 
-async def _answers_out(loop: asyncio.AbstractEventLoop) -> asyncio.WriteTransport:
+async def answers_out(loop: asyncio.AbstractEventLoop) -> asyncio.WriteTransport:
     """A transport on stdout: a pipe, or the socket uvloop's (libuv's) parent hands the
     child, whose read side the parent shuts (a pipe transport would take that for the
     reader's exit and close)."""
@@ -325,7 +325,7 @@ async def serve() -> None:
     sessions: dict[str, aiohttp.ClientSession] = {}
     tasks: dict[int, asyncio.Task[None]] = {}
     ended = asyncio.Event()
-    writer = await _answers_out(loop)
+    writer = await answers_out(loop)
 
     async def post(header: dict[str, Any], body: bytes) -> None:
         hook = header["hook"]

@@ -39,7 +39,7 @@ from registry.pg.webhook_store import WebhookStore
 from whip.webhooks.attempt_process import AttemptProcess
 from whip.webhooks.cluster_delivery import STORE_ERRORS, ClusterWebhookDeliverer
 from whip.webhooks.config import WebhookConfig
-from whip.webhooks.service import close_deliverers
+from whip.webhooks.group import close_deliverers
 
 logger = logging.getLogger(__name__)
 

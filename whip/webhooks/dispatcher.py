@@ -1,14 +1,16 @@
-"""One webhook's delivery loop: it follows the durable timeline, in order per run, with
-runs in parallel up to a bound.
+"""One webhook's delivery loop: it follows the durable log, in order per run, with runs
+in parallel up to a bound.
 
 Rules:
 
-- Driven from the timeline, never from memory: the timeline's feed
-  (:mod:`registry.feed`, one subscription for every webhook of the app, handed to
-  :meth:`WebhookDispatcher.offer`) only says which runs got events up to which seq; events are
-  read with :meth:`registry.timeline.Timeline.read_events` (the warm snapshot, or the
-  WAL) from the webhook's cursor (:mod:`whip.webhooks.cursor`, whose docstring says
-  what the cursor means). A restart, clean or SIGKILL, resumes from the saved cursor.
+- Driven from the log, never from memory: the log's feed (:mod:`registry.feed`, one
+  subscription for every webhook of a :class:`~whip.webhooks.group.WebhookGroup`, handed
+  to :meth:`WebhookDispatcher.offer`) only says which runs got events up to which seq;
+  events are read with ``read_events`` of the :class:`~whip.webhooks.followed_log.
+  DeliveredLog` (in the server: the delivery process's view of the WAL; in tests and
+  tools also the timeline itself) from the webhook's cursor (:mod:`whip.webhooks.cursor`,
+  whose docstring says what the cursor means). A restart, clean or SIGKILL, resumes from
+  the saved cursor.
 - At least once: an event is marked done only after a 2xx; the saved cursor never
   passes an event that is not done. Events delivered before a crash but after the last
   save are sent again, with the same ``webhook-id``.
@@ -17,13 +19,13 @@ Rules:
   :func:`whip.webhooks.delivery.retry_delay`, for as long as it takes).
 - Parallel across runs, bounded: at most ``max_parallel_runs`` run tasks (and so HTTP
   requests) at once; other pending runs wait in FIFO order for a slot.
-- Never slows ingest: the WAL writer only offers run ids to the feed (a set update);
-  every read and request runs on this webhook's own tasks and its own HTTP client, so a
-  slow or dead receiver holds up only this webhook. With an
+- Never slows ingest: in the server the dispatchers run in the delivery process
+  (:mod:`whip.webhooks.delivery_process`), whose only input from the server is the
+  durable seq; every read and request runs on this webhook's own tasks and its own HTTP
+  client, so a slow or dead receiver holds up only this webhook. With an
   :class:`~whip.webhooks.attempt_process.AttemptProcess` (:attr:`WebhookDispatcher.sender`,
-  set by :class:`whip.webhooks.service.WebhookGroup`), that client lives in a child
-  process and the HTTP attempts cost the server's GIL only a frame each way; without one
-  (None) the client runs on this loop.
+  set by :class:`whip.webhooks.group.WebhookGroup`; cluster mode's deliverers, tests), the
+  client lives in that child process; without one (None) it runs on this loop.
 - 410 Gone disables the webhook durably: the mark (:class:`registry.webhook_mark.
   DisabledMark`, naming the URL that answered) is saved with the cursor, so a restart
   stays disabled (logged at start) while that URL is configured; another URL for the
@@ -32,8 +34,8 @@ Rules:
   commit (:class:`~whip.webhooks.cursor.FileCursorStore`: one write a second for all
   webhooks), and once more at close.
 - Exactly one owner of each piece of state: the ledger, the run slots and the status
-  fields are written only on the loop the dispatcher was started on (the webhooks'
-  delivery thread, :mod:`whip.webhooks.delivery_thread`), by this object's tasks.
+  fields are written only on the loop the dispatcher was started on (the delivery
+  process's), by this object's tasks.
   :meth:`WebhookDispatcher.status` and :attr:`WebhookDispatcher.lag_events` may be
   called from any thread: they read single fields and copy containers in one C call
   each (atomic under the GIL), never iterate them in Python.
@@ -56,12 +58,12 @@ import aiohttp
 
 from registry.errors import UnknownRunError
 from registry.events import Event
-from registry.timeline import Timeline
 from registry.webhook_mark import DisabledMark
 from whip.webhooks.attempt_process import AttemptProcess
 from whip.webhooks.config import WebhookConfig
 from whip.webhooks.cursor import DEFAULT_MAX_AHEAD, CursorState, CursorStore, DeliveryLedger
 from whip.webhooks.delivery import Attempt, attempt, new_http_session, shown_url
+from whip.webhooks.followed_log import DeliveredLog
 from whip.webhooks.send_loop import SendLoop
 
 logger = logging.getLogger(__name__)
@@ -89,7 +91,7 @@ class WebhookDispatcher(SendLoop):
     def __init__(
         self,
         webhook: WebhookConfig,
-        timeline: Timeline,
+        timeline: DeliveredLog,
         store: CursorStore,
         *,
         rng: random.Random | None = None,
@@ -125,7 +127,7 @@ class WebhookDispatcher(SendLoop):
         """Load (or create, at the log's end) the cursor, then start delivering.
 
         The caller has subscribed to the timeline's feed *before* this call and hands
-        every batch taken from it to :meth:`offer` (:class:`whip.webhooks.service.
+        every batch taken from it to :meth:`offer` (:class:`whip.webhooks.group.
         WebhookGroup`): what is durable after the snapshot read here is named there.
         A new webhook starts at the newest durable event: it delivers what comes after
         its first start. Its cursor is saved before anything else happens, so a crash
@@ -133,7 +135,7 @@ class WebhookDispatcher(SendLoop):
         Cancellation: nothing is left running; a cursor being created may be saved.
         """
         saved = await self.store.load(self.name)
-        newest = self.timeline.snapshot.last_seq  # read after the caller subscribed
+        newest = self.timeline.durable_seq  # read after the caller subscribed
         if saved is None:
             saved = CursorState(newest)
             await self.store.save(self.name, saved)
@@ -156,11 +158,7 @@ class WebhookDispatcher(SendLoop):
                 "configured)",
                 self.name,
             )
-        behind = {
-            run.run_id
-            for run in self.timeline.wal.index.runs()
-            if run.seqs and run.seqs[-1] > saved.upto
-        }
+        behind = self.timeline.runs_after(saved.upto)
         self.ledger = ledger
         self._saved_changes = ledger.changes
         if self.sender is None:
@@ -374,7 +372,7 @@ class WebhookDispatcher(SendLoop):
     def status(self) -> dict[str, object]:
         """The ``GET /v1/webhooks`` item: cursor, lag, last status and error."""
         ledger = self.ledger
-        newest = self.timeline.snapshot.last_seq
+        newest = self.timeline.durable_seq
         cursor = ledger.upto if ledger is not None else 0
         now_ms = time.time_ns() // 1_000_000
         oldest = min(list(self._in_delivery.values()), default=None)
@@ -406,4 +404,4 @@ class WebhookDispatcher(SendLoop):
     @property
     def lag_events(self) -> int:
         cursor = self.ledger.upto if self.ledger is not None else 0
-        return max(0, self.timeline.snapshot.last_seq - cursor)
+        return max(0, self.timeline.durable_seq - cursor)

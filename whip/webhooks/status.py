@@ -20,8 +20,10 @@ class WebhookStatus(Protocol):
     @property
     def name(self) -> str: ...
 
-    outcomes: Counter[str]
-    """Attempts of this process by outcome (:data:`whip.webhooks.delivery.OUTCOMES`)."""
+    @property
+    def outcomes(self) -> Counter[str]:
+        """Attempts by outcome (:data:`whip.webhooks.delivery.OUTCOMES`)."""
+        ...
 
     @property
     def lag_events(self) -> int: ...

@@ -1,0 +1,162 @@
+"""The embedded webhooks' delivery process (whip/webhooks/delivery_process.py): a child
+that follows the WAL itself. Killed under the server, it is replaced and nothing is
+skipped; it refuses a cursor file that is not one; it dies with the server; and the
+server's own process runs no delivery."""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import os
+import signal
+import subprocess
+import sys
+import threading
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from registry.events import NewEvent
+from registry.timeline import Timeline
+from tests.support.eventually import eventually, eventually_blocking
+from tests.support.webhook_receivers import Receivers
+from whip.webhooks.config import parse_webhooks
+from whip.webhooks.cursor import CursorFileError
+from whip.webhooks.delivery_process import DeliveryProcess
+from whip.webhooks.group import FEED_GATHER_S
+
+SECRET = "whsec_" + base64.b64encode(b"d" * 32).decode()
+RUNS = ("run-a", "run-b", "run-c")
+
+
+def gone(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    return False
+
+
+def in_order_per_run(ids: list[str]) -> bool:
+    for run in RUNS:
+        seqs = [int(i.split(":")[1]) for i in ids if i.startswith(f"{run}:")]
+        if seqs != sorted(seqs):
+            return False
+    return True
+
+
+async def test_a_killed_delivery_process_is_replaced_and_nothing_is_skipped(
+    tmp_path: Path, timeline_factory: Callable[..., Timeline]
+) -> None:
+    timeline = await asyncio.to_thread(timeline_factory)
+    receivers = Receivers()
+    await receivers.start()
+    endpoint = receivers.add("hook", SECRET)
+    (webhook,) = parse_webhooks(
+        [
+            {"name": "hook", "url": receivers.url("/ok/hook"), "secret": SECRET}
+            | {"events": ["stream_warning"], "retry_min_s": 0.05, "retry_max_s": 0.2}
+        ]
+    )
+    delivery = DeliveryProcess(
+        [webhook], timeline, tmp_path / "webhooks", "asyncio", gather_s=FEED_GATHER_S
+    )
+    await delivery.start()
+    try:
+        wanted: list[str] = []
+        for n in range(60):
+            run = RUNS[n % 3]
+            seq = await timeline.append(NewEvent(run, "stream_warning", "p", {"n": n}))
+            await timeline.append(NewEvent(run, "stats", "p", {"n": n}))  # not wanted
+            wanted.append(f"{run}:{seq}")
+        await eventually(
+            lambda: len(endpoint.first_ids()) >= 20,
+            within=20,
+            awaiting=lambda: f"deliveries under way: {len(endpoint.first_ids())}",
+        )
+        first = delivery.pid
+        assert first is not None
+        os.kill(first, signal.SIGKILL)
+        for n in range(60, 90):  # appended while no child or a new one runs
+            run = RUNS[n % 3]
+            seq = await timeline.append(NewEvent(run, "stream_warning", "p", {"n": n}))
+            wanted.append(f"{run}:{seq}")
+        await eventually(
+            lambda: sorted(endpoint.first_ids()) == sorted(wanted),
+            within=30,
+            awaiting=lambda: f"all {len(wanted)}: got {len(endpoint.first_ids())}",
+        )
+        assert delivery.starts == 2 and delivery.pid != first
+        assert in_order_per_run(endpoint.first_ids())
+        bodies: dict[str, set[bytes]] = {}
+        for d in endpoint.delivered:
+            bodies.setdefault(d.msg_id, set()).add(d.body)
+        assert all(len(b) == 1 for b in bodies.values()), "a repeat carries its first body"
+        status = await delivery.webhooks[0].describe()
+        assert status["state"] == "active" and status["cursor"] == timeline.durable_seq
+        assert status["lag_events"] == 0 and delivery.webhooks[0].lag_events == 0
+        assert delivery.webhooks[0].outcomes["success"] >= 1
+        # the server's process ran no delivery: no webhook thread was started in it
+        assert not [t.name for t in threading.enumerate() if t.name.startswith("webhook")]
+        assert delivery.wakeups >= 1
+    finally:
+        await delivery.aclose()
+        await receivers.close()
+    assert delivery.pid is not None and gone(delivery.pid)
+
+
+async def test_a_cursor_file_that_is_not_one_refuses_the_start(
+    tmp_path: Path, timeline_factory: Callable[..., Timeline]
+) -> None:
+    timeline = await asyncio.to_thread(timeline_factory)
+    (tmp_path / "webhooks").mkdir()
+    (tmp_path / "webhooks" / "cursors.json").write_text('{"something": "else"}')
+    (webhook,) = parse_webhooks([{"url": "http://127.0.0.1:9/", "secret": SECRET}])
+    delivery = DeliveryProcess(
+        [webhook], timeline, tmp_path / "webhooks", "asyncio", gather_s=FEED_GATHER_S
+    )
+    with pytest.raises(CursorFileError, match="not a webhook cursor"):
+        await delivery.start()
+    assert delivery.pid is not None and gone(delivery.pid)
+    assert len(timeline.feed) == 0, "the feed subscription was given back"
+
+
+PARENT = """
+import asyncio, sys
+from pathlib import Path
+from registry.timeline import Timeline, TimelineConfig
+from whip.webhooks.config import parse_webhooks
+from whip.webhooks.delivery_process import DeliveryProcess
+
+async def main():
+    timeline = Timeline.open(TimelineConfig(Path(sys.argv[1])))
+    hooks = parse_webhooks([{"url": "http://127.0.0.1:9/", "secret": sys.argv[2]}])
+    delivery = DeliveryProcess(hooks, timeline, Path(sys.argv[1]) / "webhooks", "asyncio",
+                               gather_s=0.05)
+    await delivery.start()
+    print(delivery.pid, flush=True)
+    await asyncio.sleep(60)
+
+asyncio.run(main())
+"""
+
+
+def test_the_delivery_child_exits_when_the_server_is_killed(tmp_path: Path) -> None:
+    parent = subprocess.Popen(
+        [sys.executable, "-c", PARENT, str(tmp_path / "data"), SECRET],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert parent.stdout is not None
+        child = int(parent.stdout.readline())
+        assert not gone(child)
+        parent.kill()
+        parent.wait(10)
+        eventually_blocking(lambda: gone(child), within=10, awaiting="the child to exit")
+    finally:
+        parent.kill()
+        parent.wait(10)
+        if parent.stdout is not None:
+            parent.stdout.close()
