@@ -23,7 +23,7 @@ from tests.support.eventually import eventually, eventually_blocking
 from tests.support.webhook_receivers import Receivers
 from whip.webhooks.config import parse_webhooks
 from whip.webhooks.cursor import CursorFileError
-from whip.webhooks.delivery_process import DeliveryProcess
+from whip.webhooks.delivery_process import DELIVERY_NICE, DeliveryProcess
 from whip.webhooks.group import FEED_GATHER_S
 
 SECRET = "whsec_" + base64.b64encode(b"d" * 32).decode()
@@ -77,6 +77,20 @@ async def test_a_killed_delivery_process_is_replaced_and_nothing_is_skipped(
         )
         first = delivery.pid
         assert first is not None
+        # the deliveries yield the cores to the server's threads (module rules)
+        server_nice = os.getpriority(os.PRIO_PROCESS, 0)
+        assert os.getpriority(os.PRIO_PROCESS, first) == min(19, server_nice + DELIVERY_NICE)
+        # SIGTERM (a service manager stopping the whole group) does not stop it: it
+        # leaves when the server closes its stdin, its cursors saved
+        os.kill(first, signal.SIGTERM)
+        seq = await timeline.append(NewEvent("run-a", "stream_warning", "p", {"n": "term"}))
+        wanted.append(f"run-a:{seq}")
+        await eventually(
+            lambda: f"run-a:{seq}" in endpoint.first_ids(),
+            within=20,
+            awaiting="delivery after SIGTERM",
+        )
+        assert delivery.pid == first and delivery.starts == 1 and not gone(first)
         os.kill(first, signal.SIGKILL)
         for n in range(60, 90):  # appended while no child or a new one runs
             run = RUNS[n % 3]
@@ -127,7 +141,7 @@ import asyncio, sys
 from pathlib import Path
 from registry.timeline import Timeline, TimelineConfig
 from whip.webhooks.config import parse_webhooks
-from whip.webhooks.delivery_process import DeliveryProcess
+from whip.webhooks.delivery_process import DELIVERY_NICE, DeliveryProcess
 
 async def main():
     timeline = Timeline.open(TimelineConfig(Path(sys.argv[1])))

@@ -41,7 +41,10 @@ Rules:
   for a fresh one (and so refreshes what the metrics read). Between a child's end and the
   next one's first push, items read ``"state": "starting"``.
 - **The child dies with the server**: it exits when its stdin closes (the server closed
-  it, exited, or was SIGKILLed), after closing the dispatchers (their cursors saved).
+  it, exited, or was SIGKILLed), after closing the dispatchers (their cursors saved). It
+  ignores SIGINT and SIGTERM, which a terminal or a service manager sends to the whole
+  group: the server's shutdown then closes it in order. It runs :data:`DELIVERY_NICE`
+  below the server's CPU priority.
   **A child that dies under the server** is started again, after
   :data:`RESTART_DELAYS_S` (logged at ERROR): the new child indexes the log anew and
   resumes from the saved cursors; events delivered after the last save are sent again,
@@ -607,7 +610,10 @@ async def _close_flushed(out: asyncio.WriteTransport) -> None:
 
 
 def main(argv: list[str]) -> int:
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the server's Ctrl-C is the server's
+    # The server's Ctrl-C, and a service manager's SIGTERM to the whole group, are the
+    # server's: this child leaves when the server closes its stdin, its cursors saved.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
     os.nice(DELIVERY_NICE)
     logging.basicConfig(
         level=logging.INFO,
