@@ -65,8 +65,12 @@ async def test_audio_and_video_are_aligned_by_sender_reports(
     marks = await asyncio.to_thread(flash_and_beep, path)
     assert marks.flash_s is not None and marks.beep_s is not None, marks
     assert abs(marks.beep_s - marks.flash_s) <= SYNC_BOUND_S, marks
-    # The reports moved the early track (video: its audio arrived late) later, once
-    # by about the arrival skew; nothing went backwards in the file.
-    assert recorder.sync.moves and recorder.sync.moves[0].kind == "video"
-    assert abs(recorder.sync.moves[0].by_s - probe.audio_late_s) < SYNC_BOUND_S, recorder.sync.moves
+    # The reports moved the early track (video: its audio arrived late) later, by about
+    # the arrival skew in all; nothing went backwards in the file. Usually in one move; in
+    # one full run the first move fell short and a later report completed it (0.047 then
+    # 0.526 s; most likely a first video report late by the encoder's backlog).
+    moves = recorder.sync.moves
+    assert moves and moves[0].kind == "video"
+    net = sum(move.by_s if move.kind == "video" else -move.by_s for move in moves)
+    assert abs(net - probe.audio_late_s) < SYNC_BOUND_S, moves
     assert marks.video_pts_monotonic and marks.audio_pts_monotonic
