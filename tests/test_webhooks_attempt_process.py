@@ -18,6 +18,7 @@ from pathlib import Path
 from registry.events import NewEvent
 from registry.timeline import Timeline
 from tests.support.eventually import eventually
+from tests.support.processes import process_gone
 from tests.support.webhook_receivers import RawReceiver, Receivers
 from whip.webhooks.attempt_process import AttemptProcess
 from whip.webhooks.config import WebhookConfig, parse_webhooks
@@ -33,16 +34,6 @@ def hook(url: str, **extra: object) -> WebhookConfig:
     entry = {"name": "hook", "url": url, "secret": SECRET, "events": ["stream_warning"]}
     (webhook,) = parse_webhooks([{**entry, "retry_min_s": 0.05, "retry_max_s": 0.2, **extra}])
     return webhook
-
-
-def gone(pid: int) -> bool:
-    """No such process, or only its zombie (an init that does not reap)."""
-    try:
-        os.kill(pid, 0)
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except (ProcessLookupError, FileNotFoundError):
-        return True
-    return stat.rsplit(")", 1)[1].split()[0] == "Z"
 
 
 async def test_attempts_are_made_in_the_child_and_a_killed_child_is_replaced(
@@ -68,7 +59,7 @@ async def test_attempts_are_made_in_the_child_and_a_killed_child_is_replaced(
         assert attempts.attempts == endpoint.requests == 5  # each through the child
 
         os.kill(first, signal.SIGKILL)
-        await eventually(lambda: gone(first), within=10, awaiting="the child reaped")
+        await eventually(lambda: process_gone(first), within=10, awaiting="the child reaped")
         for n in range(5, 10):
             await timeline.append(NewEvent("r1", "stream_warning", "p", {"n": n}))
         await eventually(
@@ -82,7 +73,7 @@ async def test_attempts_are_made_in_the_child_and_a_killed_child_is_replaced(
         await receivers.close()
         await asyncio.to_thread(timeline.close)
     last = attempts.pid
-    assert last is not None and gone(last), "aclose waited for the child's exit"
+    assert last is not None and process_gone(last), "aclose waited for the child's exit"
 
 
 async def test_a_cancelled_attempt_closes_its_connection_in_the_child() -> None:
@@ -125,13 +116,13 @@ def test_the_child_exits_when_the_server_is_killed() -> None:
     try:
         assert parent.stdout is not None
         child = int(parent.stdout.readline())
-        assert not gone(child)
+        assert not process_gone(child)
         parent.kill()
         parent.wait(10)
         deadline = time.monotonic() + 10
-        while not gone(child) and time.monotonic() < deadline:
+        while not process_gone(child) and time.monotonic() < deadline:
             time.sleep(0.05)  # the child is init's now: it is reaped there
-        assert gone(child), "the child outlived the server"
+        assert process_gone(child), "the child outlived the server"
     finally:
         parent.kill()
         parent.wait(10)

@@ -20,6 +20,7 @@ import pytest
 from registry.events import NewEvent
 from registry.timeline import Timeline
 from tests.support.eventually import eventually, eventually_blocking
+from tests.support.processes import process_gone
 from tests.support.webhook_receivers import Receivers
 from whip.webhooks.config import parse_webhooks
 from whip.webhooks.cursor import CursorFileError
@@ -28,14 +29,6 @@ from whip.webhooks.group import FEED_GATHER_S
 
 SECRET = "whsec_" + base64.b64encode(b"d" * 32).decode()
 RUNS = ("run-a", "run-b", "run-c")
-
-
-def gone(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return True
-    return False
 
 
 def in_order_per_run(ids: list[str]) -> bool:
@@ -90,7 +83,7 @@ async def test_a_killed_delivery_process_is_replaced_and_nothing_is_skipped(
             within=20,
             awaiting="delivery after SIGTERM",
         )
-        assert delivery.pid == first and delivery.starts == 1 and not gone(first)
+        assert delivery.pid == first and delivery.starts == 1 and not process_gone(first)
         os.kill(first, signal.SIGKILL)
         for n in range(60, 90):  # appended while no child or a new one runs
             run = RUNS[n % 3]
@@ -117,7 +110,7 @@ async def test_a_killed_delivery_process_is_replaced_and_nothing_is_skipped(
     finally:
         await delivery.aclose()
         await receivers.close()
-    assert delivery.pid is not None and gone(delivery.pid)
+    assert delivery.pid is not None and process_gone(delivery.pid)
 
 
 async def test_a_cursor_file_that_is_not_one_refuses_the_start(
@@ -132,7 +125,7 @@ async def test_a_cursor_file_that_is_not_one_refuses_the_start(
     )
     with pytest.raises(CursorFileError, match="not a webhook cursor"):
         await delivery.start()
-    assert delivery.pid is not None and gone(delivery.pid)
+    assert delivery.pid is not None and process_gone(delivery.pid)
     assert len(timeline.feed) == 0, "the feed subscription was given back"
 
 
@@ -165,10 +158,10 @@ def test_the_delivery_child_exits_when_the_server_is_killed(tmp_path: Path) -> N
     try:
         assert parent.stdout is not None
         child = int(parent.stdout.readline())
-        assert not gone(child)
+        assert not process_gone(child)
         parent.kill()
         parent.wait(10)
-        eventually_blocking(lambda: gone(child), within=10, awaiting="the child to exit")
+        eventually_blocking(lambda: process_gone(child), within=10, awaiting="the child to exit")
     finally:
         parent.kill()
         parent.wait(10)

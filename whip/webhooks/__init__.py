@@ -16,6 +16,7 @@
   follows the WAL itself and runs every dispatcher, and the server's side of it.
 - :mod:`whip.webhooks.delivery_thread`: cluster mode's thread and event loop for its
   deliverers (never the server's loop).
+- :mod:`whip.webhooks.child_pipes`: how both child processes are started, and their frames.
 - :mod:`whip.webhooks.attempt_process`: the child process cluster mode's HTTP attempts
   are made in (the aiohttp client off the server's GIL).
 - :mod:`whip.webhooks.cluster_delivery`: cluster mode's deliverer: the cursors and the

@@ -21,9 +21,9 @@ Rules:
   webhook name with that webhook's connection limit
   (:func:`~whip.webhooks.delivery.new_http_session`), so a slow receiver still holds up
   only its own webhook.
-- Frames both ways: a 4-byte big-endian header length, a 4-byte body length, the header
-  (JSON), the body (raw bytes). Requests: ``{"op": "post", "id", "hook", "parallel",
-  "url", "headers", "timeout"}`` with the signed body; ``{"op": "cancel", "id"}``.
+- Started, connected and framed as :mod:`whip.webhooks.child_pipes` says. Requests:
+  ``{"op": "post", "id", "hook", "parallel", "url", "headers", "timeout"}`` with the
+  signed body; ``{"op": "cancel", "id"}``.
   Answers: ``{"id", "outcome", "status", "error"}``; first of all, once its loop runs,
   the child says ``{"id": 0}`` (ready).
 - The child dies with the server: it exits when its stdin closes (the server closed it,
@@ -41,19 +41,22 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import os
 import signal
-import socket
-import stat
-import struct
 import subprocess
 import sys
 from typing import Any, Final
 
 import aiohttp
-import orjson
 
 from whip.eventloop import EventLoopKind, new_event_loop
+from whip.webhooks.child_pipes import (
+    FrameReader,
+    answers_out,
+    frame,
+    requests_in,
+    spawn,
+    wait_or_kill,
+)
 from whip.webhooks.config import WebhookConfig
 from whip.webhooks.delivery import OUTCOMES, Attempt, attempt, new_http_session
 
@@ -62,40 +65,6 @@ logger = logging.getLogger(__name__)
 EXIT_DEADLINE_S: Final = 5.0
 START_DEADLINE_S: Final = 30.0
 """Bound on a child's start, to its ready frame (an import of aiohttp on a loaded host)."""
-_LENGTHS: Final = struct.Struct(">II")
-
-
-def frame(header: dict[str, Any], body: bytes = b"") -> bytes:
-    """One frame (module rules)."""
-    encoded = orjson.dumps(header)
-    return _LENGTHS.pack(len(encoded), len(body)) + encoded + body
-
-
-class FrameReader(asyncio.Protocol):
-    """Cuts a byte stream into frames; hands each to ``on_frame``, and EOF to ``on_end``."""
-
-    def __init__(self, on_frame: Any, on_end: Any) -> None:
-        self._buffer = bytearray()
-        self._on_frame = on_frame
-        self._on_end = on_end
-
-    def data_received(self, data: bytes) -> None:
-        buffer = self._buffer
-        buffer += data
-        start = 0
-        size = _LENGTHS.size
-        while len(buffer) - start >= size:
-            header_len, body_len = _LENGTHS.unpack_from(buffer, start)
-            end = start + size + header_len + body_len
-            if len(buffer) < end:
-                break
-            header = orjson.loads(bytes(buffer[start + size : start + size + header_len]))
-            self._on_frame(header, bytes(buffer[start + size + header_len : end]))
-            start = end
-        del buffer[:start]
-
-    def connection_lost(self, exc: Exception | None) -> None:
-        self._on_end()
 
 
 class _ChildProtocol(asyncio.Protocol):
@@ -116,20 +85,10 @@ class _ChildProtocol(asyncio.Protocol):
         self._reaper = asyncio.get_running_loop().create_task(self._reap())
 
     async def _reap(self) -> None:
-        await asyncio.to_thread(_wait_or_kill, self.proc)
+        await asyncio.to_thread(wait_or_kill, self.proc, EXIT_DEADLINE_S)
         if not self.exited.done():
             self.exited.set_result(None)
         self._owner._ended(self)
-
-
-def _wait_or_kill(proc: subprocess.Popen[bytes]) -> None:
-    """Reap a child whose stdout ended: it exits on its own, else it is killed after
-    :data:`EXIT_DEADLINE_S` (blocking: run in a thread)."""
-    try:
-        proc.wait(EXIT_DEADLINE_S)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        proc.wait()
 
 
 class AttemptProcess:
@@ -166,28 +125,11 @@ class AttemptProcess:
                 return self._writer
             if self._closing:
                 raise RuntimeError("the webhook attempt process is closed")
-            loop = asyncio.get_running_loop()
-            ready = self._ready = loop.create_future()
-            # subprocess.Popen, not the loop's subprocess_exec: this runs on the delivery
-            # thread while other threads run, and uvloop's forked child once hung between
-            # fork and exec, on a futex (seen in a full test run; most likely a lock held
-            # at fork time). Popen's child runs only C between fork and exec.
-            proc = await asyncio.to_thread(
-                subprocess.Popen,
-                [sys.executable, "-m", "whip.webhooks.attempt_process", self._kind],
-                stdin=subprocess.PIPE,
-                stdout=subprocess.PIPE,
-                close_fds=True,
+            ready = self._ready = asyncio.get_running_loop().create_future()
+            protocol, writer = await spawn(
+                "whip.webhooks.attempt_process", self._kind, lambda p: _ChildProtocol(self, p)
             )
-            assert proc.stdin is not None and proc.stdout is not None
-            protocol = _ChildProtocol(self, proc)
-            try:
-                writer, _ = await loop.connect_write_pipe(asyncio.Protocol, proc.stdin)
-                await loop.connect_read_pipe(lambda: protocol, proc.stdout)
-            except BaseException:
-                proc.kill()
-                await asyncio.to_thread(proc.wait)
-                raise
+            proc = protocol.proc
             self._protocol = protocol
             self.pid = proc.pid
             self.starts += 1
@@ -302,23 +244,6 @@ class AttemptProcess:
 # ---------------------------------------------------------------------- the child
 
 
-class _WriteOnly(asyncio.Protocol):
-    def eof_received(self) -> bool:
-        return True  # the server never writes here; its end is shut for writing
-
-
-async def answers_out(loop: asyncio.AbstractEventLoop) -> asyncio.WriteTransport:
-    """A transport on stdout: a pipe, or the socket uvloop's (libuv's) parent hands the
-    child, whose read side the parent shuts (a pipe transport would take that for the
-    reader's exit and close)."""
-    if stat.S_ISSOCK(os.fstat(1).st_mode):
-        out = socket.socket(fileno=os.dup(1))
-        transport, _ = await loop.connect_accepted_socket(_WriteOnly, out)
-        return transport
-    writer, _ = await loop.connect_write_pipe(asyncio.Protocol, sys.stdout.buffer)
-    return writer
-
-
 async def serve() -> None:
     """The child: attempts from stdin, answers on stdout, until stdin closes."""
     loop = asyncio.get_running_loop()
@@ -347,11 +272,7 @@ async def serve() -> None:
         tasks[request_id] = task
         task.add_done_callback(lambda _: tasks.pop(request_id, None))
 
-    if stat.S_ISSOCK(os.fstat(0).st_mode):
-        requests = socket.socket(fileno=os.dup(0))
-        await loop.connect_accepted_socket(lambda: FrameReader(on_frame, ended.set), requests)
-    else:
-        await loop.connect_read_pipe(lambda: FrameReader(on_frame, ended.set), sys.stdin.buffer)
+    await requests_in(loop, FrameReader(on_frame, ended.set))
     writer.write(frame({"id": 0}))
     await ended.wait()
     for task in list(tasks.values()):

@@ -26,15 +26,15 @@ Rules:
   promise of :mod:`whip.webhooks.dispatcher` (at least once from the saved cursor, in
   order per run, runs in parallel up to a bound, 410 disables durably) is the
   dispatchers', unchanged; the child only moves them off the server's interpreter.
-- **Frames** both ways as :mod:`whip.webhooks.attempt_process` frames them (a JSON
-  header, a raw body). To the child: ``start`` (the webhooks, with their secrets: the
-  pipe is the server's own; the WAL and cursor directories; ``upto``; the log level),
-  then ``durable`` and ``status`` requests. From the child: ``ready`` once every
-  dispatcher started, or ``failed`` with the error (a cursor file that is not one refuses
-  the server's start, as in the server's process: :class:`~whip.webhooks.cursor.
-  CursorFileError`); ``status`` with every webhook's ``GET /v1/webhooks`` item as the body
-  (JSON), pushed whenever an item changed (checked every :data:`STATUS_INTERVAL_S`) and
-  answered at once to a request (``id``).
+- **Frames** both ways, the child started and connected as :mod:`whip.webhooks.
+  child_pipes` says (a JSON header, a raw body). To the child: ``start`` (the webhooks,
+  with their secrets: the pipe is the server's own; the WAL and cursor directories;
+  ``upto``; the log level), then ``durable`` and ``status`` requests. From the child:
+  ``ready`` once every dispatcher started, or ``failed`` with the error (a cursor file
+  that is not one refuses the server's start, as in the server's process:
+  :class:`~whip.webhooks.cursor.CursorFileError`); ``status`` with every webhook's
+  ``GET /v1/webhooks`` item as the body (JSON), pushed whenever an item changed (checked
+  every :data:`STATUS_INTERVAL_S`) and answered at once to a request (``id``).
 - **What the server shows**: :class:`RemoteWebhook` (one per entry, the
   :class:`~whip.webhooks.status.WebhookStatus` of the routes and the metrics) holds the
   last pushed item, parsed only when read; :meth:`RemoteWebhook.describe` asks the child
@@ -64,8 +64,6 @@ import base64
 import logging
 import os
 import signal
-import socket
-import stat
 import subprocess
 import sys
 import time
@@ -80,7 +78,14 @@ from registry.feed import FeedSubscription
 from registry.log_follower import LogFollowError
 from registry.timeline import Timeline
 from whip.eventloop import EventLoopKind, new_event_loop
-from whip.webhooks.attempt_process import FrameReader, answers_out, frame
+from whip.webhooks.child_pipes import (
+    FrameReader,
+    answers_out,
+    frame,
+    requests_in,
+    spawn,
+    wait_or_kill,
+)
 from whip.webhooks.config import WebhookConfig
 from whip.webhooks.cursor import CursorFileError, FileCursorStore, forget_unconfigured
 from whip.webhooks.delivery import shown_url
@@ -213,18 +218,9 @@ class _Child(asyncio.Protocol):
         asyncio.get_running_loop().create_task(self._reap(), name="webhook-delivery-reap")
 
     async def _reap(self) -> None:
-        code = await asyncio.to_thread(_wait_or_kill, self.proc)
+        code = await asyncio.to_thread(wait_or_kill, self.proc, EXIT_DEADLINE_S)
         if not self.exited.done():
             self.exited.set_result(code)
-
-
-def _wait_or_kill(proc: subprocess.Popen[bytes]) -> int:
-    """Reap a child whose stdout ended (killed after :data:`EXIT_DEADLINE_S`; blocking)."""
-    try:
-        return proc.wait(EXIT_DEADLINE_S)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        return proc.wait()
 
 
 class DeliveryProcess:
@@ -282,24 +278,10 @@ class DeliveryProcess:
     async def _spawn(self) -> None:
         loop = asyncio.get_running_loop()
         started = self._started = loop.create_future()
-        # subprocess.Popen (its child runs only C between fork and exec), as the attempt
-        # process is started: whip.webhooks.attempt_process says why.
-        proc = await asyncio.to_thread(
-            subprocess.Popen,
-            [sys.executable, "-m", "whip.webhooks.delivery_process", self._kind],
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            close_fds=True,
+        child, writer = await spawn(
+            "whip.webhooks.delivery_process", self._kind, lambda p: _Child(self, p)
         )
-        assert proc.stdin is not None and proc.stdout is not None
-        child = _Child(self, proc)
-        try:
-            writer, _ = await loop.connect_write_pipe(asyncio.Protocol, proc.stdin)
-            await loop.connect_read_pipe(lambda: child, proc.stdout)
-        except BaseException:
-            proc.kill()
-            await asyncio.to_thread(proc.wait)
-            raise
+        proc = child.proc
         self._child, self._writer = child, writer
         self.pid = proc.pid
         self.starts += 1
@@ -570,15 +552,7 @@ async def serve() -> int:
     loop = asyncio.get_running_loop()
     out = await answers_out(loop)
     delivery = _Delivery(out)
-    if stat.S_ISSOCK(os.fstat(0).st_mode):
-        requests = socket.socket(fileno=os.dup(0))
-        await loop.connect_accepted_socket(
-            lambda: FrameReader(delivery.on_frame, delivery.ended.set), requests
-        )
-    else:
-        await loop.connect_read_pipe(
-            lambda: FrameReader(delivery.on_frame, delivery.ended.set), sys.stdin.buffer
-        )
+    await requests_in(loop, FrameReader(delivery.on_frame, delivery.ended.set))
     waiting_end: asyncio.Future[Any] = asyncio.ensure_future(delivery.ended.wait())
     first: list[asyncio.Future[Any]] = [delivery.started, waiting_end]
     await asyncio.wait(first, return_when=asyncio.FIRST_COMPLETED)
