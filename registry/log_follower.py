@@ -26,6 +26,13 @@ Rules:
   passed entirely and that have been idle for a while (the webhooks: every active
   webhook's cursor past the run), so the index holds what is still to be read, not the
   whole log's history.
+- Warm tails, as the writer's snapshot has: each record a live catch-up indexes is
+  decoded there, once, and kept in its run's tail (the newest :data:`TAIL_EVENTS` of each
+  of the :data:`WARM_RUNS` runs appended to last). A read the tail covers answers from it,
+  so every reader of a new event gets the same object (the webhooks' body cache is keyed
+  by it) and nothing is decoded twice; an older one is read from the file. A tail is
+  always the newest events of its run (it is filled in seq order and dropped whole), so
+  whether it covers a read is a count. The whole log's scan at start keeps no tails.
 - Single-threaded: one caller at a time (the delivery process's loop); the index is then
   read by the same caller.
 """
@@ -33,18 +40,25 @@ Rules:
 from __future__ import annotations
 
 import os
+from bisect import bisect_right
+from collections import OrderedDict, deque
+from itertools import islice
 from pathlib import Path
 
 import crc32c
 
 from registry.events import Event
 from registry.index import EventIndex
-from registry.record import FRAME_HEADER, MIN_PAYLOAD, PAYLOAD_HEADER
+from registry.record import FRAME_HEADER, MIN_PAYLOAD, PAYLOAD_HEADER, decode_frame_at
 from registry.segments import SEGMENT_SUFFIX, segment_name, segment_paths
 from registry.wal_reader import WalReader
 
 READ_CHUNK = 256 * 1024
 """Bytes read at a time while catching up (a larger frame gets a larger read)."""
+TAIL_EVENTS = 64
+"""Decoded events kept per warm run (its newest)."""
+WARM_RUNS = 512
+"""Runs with a warm tail (the least recently appended to loses its tail first)."""
 
 
 class LogFollowError(Exception):
@@ -55,7 +69,13 @@ class LogFollower:
     """One reader's index of the WAL in ``wal_dir``, up to a durable seq (module rules)."""
 
     def __init__(
-        self, wal_dir: Path, max_record_bytes: int, *, read_chunk: int = READ_CHUNK
+        self,
+        wal_dir: Path,
+        max_record_bytes: int,
+        *,
+        read_chunk: int = READ_CHUNK,
+        tail_events: int = TAIL_EVENTS,
+        warm_runs: int = WARM_RUNS,
     ) -> None:
         self._dir = wal_dir
         self._read_chunk = read_chunk
@@ -67,6 +87,10 @@ class LogFollower:
         """Where the next frame starts in the last segment of :attr:`_paths`."""
         self._next_seq = 1
         self._run_ids: dict[bytes, str] = {}
+        self._tail_events = tail_events
+        self._warm_runs = warm_runs
+        self._tails: OrderedDict[str, deque[Event]] = OrderedDict()
+        self._warm = False
         existing = segment_paths(wal_dir) if wal_dir.is_dir() else []
         if existing:
             self._paths.append(existing[0])
@@ -77,9 +101,11 @@ class LogFollower:
         """The newest indexed seq (0 before the first)."""
         return self._next_seq - 1
 
-    def catch_up(self, upto: int) -> set[str]:
+    def catch_up(self, upto: int, *, warm: bool = True) -> set[str]:
         """Index every record with ``seq <= upto``; the runs that got events (blocking
-        file I/O). Raises :class:`LogFollowError` when a seq up to ``upto`` is missing."""
+        file I/O). ``warm``: decode each into its run's tail (module rules). Raises
+        :class:`LogFollowError` when a seq up to ``upto`` is missing."""
+        self._warm = warm and self._tail_events > 0
         touched: set[str] = set()
         while self._next_seq <= upto:
             if not self._paths and not self._open_segment():
@@ -155,13 +181,34 @@ class LogFollower:
                 run_id = self._run_ids[raw] = raw.decode()
             add(run_id, seq, segment_id, self._offset + pos, stop - pos, ts_ms)
             touched.add(run_id)
+            if self._warm:
+                self._keep(run_id, decode_frame_at(buf, pos))
             self._next_seq += 1
             pos = stop
         return pos, 0
 
+    def _keep(self, run_id: str, event: Event) -> None:
+        tails = self._tails
+        tail = tails.get(run_id)
+        if tail is None:
+            tail = tails[run_id] = deque(maxlen=self._tail_events)
+            if len(tails) > self._warm_runs:
+                tails.popitem(last=False)
+        else:
+            tails.move_to_end(run_id)
+        tail.append(event)
+
     def read(self, run_id: str, after_seq: int, limit: int) -> list[Event]:
         """The run's indexed events with ``seq > after_seq``, oldest first, at most
-        ``limit`` (blocking file I/O; [] for a run never indexed)."""
+        ``limit``: from its warm tail when that covers them, else from the file (blocking
+        file I/O; [] for a run never indexed)."""
+        tail = self._tails.get(run_id)
+        run = self.index.known_positions(run_id)
+        if tail is not None and run is not None:
+            after = len(run.seqs) - bisect_right(run.seqs, after_seq)
+            if after <= len(tail):
+                start = len(tail) - after
+                return list(islice(tail, start, start + limit))
         return self._reader.read_positions(self.index.positions_after(run_id, after_seq, limit))
 
     def runs_after(self, seq: int) -> set[str]:
@@ -177,6 +224,8 @@ class LogFollower:
         for run in self.index.runs():
             if run.seqs and run.seqs[-1] <= upto and run.last_ts < idle_before_ms:
                 self.index.forget(run.run_id)
+                self._tails.pop(run.run_id, None)
+                self._run_ids.pop(run.run_id.encode(), None)
                 forgotten += 1
         return forgotten
 

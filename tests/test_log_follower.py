@@ -134,3 +134,40 @@ async def test_passed_idle_runs_leave_the_index_and_a_later_event_comes_back_alo
         assert again.seq == seq and again.data == {"again": 1}
     finally:
         follower.close()
+
+
+async def test_warm_tails_answer_what_the_file_does_with_one_object_per_event(
+    timeline_factory: Callable[..., Timeline],
+) -> None:
+    rng = random.Random(3)
+    timeline = await asyncio.to_thread(timeline_factory)
+    await append_batches(timeline, rng, 30)
+    wal_dir = timeline.config.data_dir / "wal"
+    max_record = timeline.config.max_record_bytes
+    warm = LogFollower(wal_dir, max_record, tail_events=5, warm_runs=2)
+    cold = LogFollower(wal_dir, max_record, tail_events=0)
+    try:
+        warm.catch_up(timeline.durable_seq, warm=False)  # a start: no tails
+        for _ in range(8):
+            await append_batches(timeline, rng, 12)
+            upto = timeline.durable_seq
+            assert warm.catch_up(upto) == cold.catch_up(upto)
+            for run_id in RUNS:
+                count = len(cold.read(run_id, 0, 1000))
+                for after in {0, *(e.seq for e in cold.read(run_id, 0, 1000))}:
+                    for limit in (1, 3, 1000):
+                        assert warm.read(run_id, after, limit) == cold.read(run_id, after, limit)
+                assert len(warm.read(run_id, 0, 1000)) == count
+        # a run appended to last is warm: its newest events are shared objects
+        for n in range(3):
+            await timeline.append(NewEvent("r-b", "stats", "p", {"last": n}))
+        warm.catch_up(timeline.durable_seq)
+        cold.catch_up(timeline.durable_seq)
+        events = cold.read("r-b", 0, 1000)
+        two, one = warm.read("r-b", events[-3].seq, 10), warm.read("r-b", events[-2].seq, 10)
+        assert two == events[-2:] and one == events[-1:] and one[0] is two[1]
+        again, other = cold.read("r-b", events[-2].seq, 10), cold.read("r-b", events[-2].seq, 1)
+        assert again == other and again[0] is not other[0]  # a file read decodes anew
+    finally:
+        warm.close()
+        cold.close()

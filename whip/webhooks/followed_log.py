@@ -14,9 +14,10 @@ Rules:
   the server sends. Each advance indexes the new records, then publishes their runs on
   :attr:`FollowedLog.feed`, so a run taken from the feed is readable up to its seq, as the
   timeline's feed promises.
-- It has no warm snapshot: :meth:`FollowedLog.read_warm` reads the file (pages the writer
-  just wrote, in the page cache) for the dispatchers' settle-without-a-task step; the
-  reads are small (one run, at most ``limit`` events).
+- Warm reads: the follower decodes each new event once, into its run's warm tail
+  (:mod:`registry.log_follower`), so every dispatcher's read of it, the settle-without-a-
+  task step's included (:meth:`FollowedLog.read_warm`), gets the same object without a
+  file read; older events are read from the file (pages in the page cache, mostly).
 - Loop-only: one event loop (the delivery process's) calls every method.
 """
 
@@ -69,7 +70,7 @@ class FollowedLog:
     async def start(self, upto: int) -> None:
         """Index the log up to ``upto`` before anything reads it (a whole log at start:
         in a thread). Cancellation: the thread finishes its scan; nothing reads it."""
-        await asyncio.to_thread(self._follower.catch_up, upto)
+        await asyncio.to_thread(self._follower.catch_up, upto, warm=False)
 
     def advance(self, upto: int) -> None:
         """Index up to ``upto`` (the server's durable seq), then name the runs on the
