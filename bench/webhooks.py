@@ -261,12 +261,27 @@ async def round_with_process(
     await delivery.start()
     assert delivery.pid is not None
     off_server_core(delivery.pid)
+    cpu_before = process_cpu_s(delivery.pid)
     try:
         latencies: list[float] = await load(timeline, appends, producers)
         await wait_remote_cursors(delivery, timeline.durable_seq, 600)
+        cpu = process_cpu_s(delivery.pid) - cpu_before
+        successes = sum(remote.outcomes["success"] for remote in delivery.webhooks)
+        CHILD_CPU.append({"cpu_s": round(cpu, 3), "deliveries": successes})
     finally:
         await delivery.aclose()
     return latencies
+
+
+CHILD_CPU: list[dict[str, Any]] = []
+"""Per process round: the delivery process's CPU from its ready frame to its last
+cursor (it indexes the log before), and the deliveries it made meanwhile."""
+
+
+def process_cpu_s(pid: int) -> float:
+    """User plus system CPU seconds of ``pid`` so far (``/proc/<pid>/stat``)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 async def round_with_thread(
@@ -337,7 +352,14 @@ async def confirm_latency(
         for key in rounds[0]
         if key.startswith("added_")
     }
-    every = {mode: percentiles(samples) for mode, samples in pooled.items()}
+    every: dict[str, Any] = {mode: percentiles(samples) for mode, samples in pooled.items()}
+    cpu = sum(r["cpu_s"] for r in CHILD_CPU)
+    deliveries = sum(r["deliveries"] for r in CHILD_CPU)
+    every["delivery_process_cpu"] = {
+        "rounds": list(CHILD_CPU),
+        "us_per_delivery": round(1e6 * cpu / deliveries, 1) if deliveries else None,
+    }
+    CHILD_CPU.clear()
     for mode in modes[1:]:
         for stat in ("p50_ms", "p90_ms", "p99_ms", "mean_ms"):
             every[f"added_{stat.removesuffix('_ms')}_percent_{mode}"] = added(every, mode, stat)
