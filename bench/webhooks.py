@@ -39,6 +39,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import itertools
 import json
 import os
 import platform
@@ -256,7 +257,8 @@ async def round_with_process(
     timeline: Timeline, base: Path, url: str, count: int, load: Any, appends: int, producers: int
 ) -> list[float]:
     """One measured window with ``count`` webhooks in the delivery process."""
-    hooks = [webhook(f"hook{n:02d}", url) for n in range(count)]
+    round_id = next(ROUND_IDS)
+    hooks = [webhook(f"r{round_id}-hook{n:02d}", url) for n in range(count)]
     delivery = DeliveryProcess(hooks, timeline, base, "uvloop", gather_s=FEED_GATHER_S)
     await delivery.start()
     assert delivery.pid is not None
@@ -272,6 +274,11 @@ async def round_with_process(
         await delivery.aclose()
     return latencies
 
+
+ROUND_IDS = itertools.count()
+"""Names the webhooks of each round anew: new webhooks start at the log's end, so a round
+delivers the events of its own window only (with the same names it would first deliver
+what the other modes' rounds appended meanwhile, a backlog in the measured window)."""
 
 CHILD_CPU: list[dict[str, Any]] = []
 """Per process round: the delivery process's CPU from its ready frame to its last
@@ -290,8 +297,10 @@ async def round_with_thread(
     """One measured window with ``count`` webhooks on a delivery thread of this process,
     their attempts in the attempt child (the design before the delivery process)."""
     store = FileCursorStore(base)
+    round_id = next(ROUND_IDS)
     dispatchers = [
-        WebhookDispatcher(webhook(f"thread{n:02d}", url), timeline, store) for n in range(count)
+        WebhookDispatcher(webhook(f"r{round_id}-thread{n:02d}", url), timeline, store)
+        for n in range(count)
     ]
     group = WebhookGroup(dispatchers, timeline, attempts=AttemptProcess("uvloop"))
     thread = DeliveryThread("uvloop")
