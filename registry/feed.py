@@ -53,6 +53,15 @@ class FeedSubscription:
         except RuntimeError:  # the loop is closed: nobody is left to wake
             return
 
+    async def take_gathered(self, gather_s: float) -> tuple[set[str], int]:
+        """Wait until something is there, then ``gather_s`` more (what becomes durable
+        meanwhile is taken with it; the writer does not wake this loop again until then),
+        then :meth:`take`. Cancellation: nothing is taken."""
+        await self.ready.wait()
+        if gather_s > 0:
+            await asyncio.sleep(gather_s)
+        return self.take()
+
     def take(self) -> tuple[set[str], int]:
         """The runs offered since the last take and the newest seq ever offered (0 when
         none yet); clears ``ready`` (loop thread)."""

@@ -372,10 +372,7 @@ class DeliveryProcess:
 
     async def _fan_out(self, subscription: FeedSubscription) -> None:
         while True:
-            await subscription.ready.wait()
-            if self._gather_s > 0:
-                await asyncio.sleep(self._gather_s)
-            _runs, upto = subscription.take()
+            _runs, upto = await subscription.take_gathered(self._gather_s)
             self.wakeups += 1
             writer = self._writer
             if writer is not None and not writer.is_closing():

@@ -119,10 +119,7 @@ class WebhookGroup:
 
     async def _fan_out(self, subscription: FeedSubscription) -> None:
         while True:
-            await subscription.ready.wait()
-            if self._gather_s > 0:
-                await asyncio.sleep(self._gather_s)
-            runs, upto = subscription.take()
+            runs, upto = await subscription.take_gathered(self._gather_s)
             self.wakeups += 1
             for dispatcher in self.dispatchers:
                 dispatcher.offer(runs, upto)
