@@ -129,6 +129,10 @@ class EventIndex:
             for loc, length in zip(locs, lens, strict=True)
         ]
 
+    def runs_after(self, seq: int) -> set[str]:
+        """The runs with an event past ``seq`` (O(runs))."""
+        return {run.run_id for run in self._runs.values() if run.seqs and run.seqs[-1] > seq}
+
     def total_events(self) -> int:
         """Events across all runs (O(runs))."""
         return sum(len(run.seqs) for run in self._runs.values())

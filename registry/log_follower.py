@@ -213,7 +213,7 @@ class LogFollower:
 
     def runs_after(self, seq: int) -> set[str]:
         """The runs with an indexed event past ``seq``."""
-        return {run.run_id for run in self.index.runs() if run.seqs and run.seqs[-1] > seq}
+        return self.index.runs_after(seq)
 
     def forget_passed(self, upto: int, idle_before_ms: int) -> int:
         """Drop from the index every run whose events all have ``seq <= upto`` and whose

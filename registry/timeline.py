@@ -340,7 +340,7 @@ class Timeline:
 
     def runs_after(self, seq: int) -> set[str]:
         """The runs with a durable event past ``seq`` (O(runs), from any thread)."""
-        return {run.run_id for run in self.wal.index.runs() if run.seqs and run.seqs[-1] > seq}
+        return self.wal.index.runs_after(seq)
 
     def _known(self, run_id: str) -> None:
         if run_id not in self.runs and run_id not in self.wal.index:

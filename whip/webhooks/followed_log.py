@@ -56,8 +56,6 @@ class FollowedLog:
     def __init__(self, wal_dir: Path, max_record_bytes: int) -> None:
         self._follower = LogFollower(wal_dir, max_record_bytes)
         self._feed = BatchFeed()
-        self.advances = 0
-        """Advances that indexed something."""
 
     @property
     def feed(self) -> BatchFeed:
@@ -78,7 +76,6 @@ class FollowedLog:
         if upto <= self._follower.last_seq:
             return
         touched = self._follower.catch_up(upto)
-        self.advances += 1
         self._feed.publish(touched, self._follower.last_seq)
 
     def runs_after(self, seq: int) -> set[str]:
