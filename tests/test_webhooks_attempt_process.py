@@ -19,21 +19,14 @@ from registry.events import NewEvent
 from registry.timeline import Timeline
 from tests.support.eventually import eventually
 from tests.support.processes import process_gone
-from tests.support.webhook_receivers import RawReceiver, Receivers
+from tests.support.webhook_receivers import RawReceiver, Receivers, retrying_hook
 from whip.webhooks.attempt_process import AttemptProcess
-from whip.webhooks.config import WebhookConfig, parse_webhooks
 from whip.webhooks.cursor import FileCursorStore
 from whip.webhooks.dispatcher import WebhookDispatcher
 from whip.webhooks.group import WebhookGroup
 from whip.webhooks.signing import headers
 
 SECRET = "whsec_" + base64.b64encode(b"a" * 32).decode()
-
-
-def hook(url: str, **extra: object) -> WebhookConfig:
-    entry = {"name": "hook", "url": url, "secret": SECRET, "events": ["stream_warning"]}
-    (webhook,) = parse_webhooks([{**entry, "retry_min_s": 0.05, "retry_max_s": 0.2, **extra}])
-    return webhook
 
 
 async def test_attempts_are_made_in_the_child_and_a_killed_child_is_replaced(
@@ -45,7 +38,9 @@ async def test_attempts_are_made_in_the_child_and_a_killed_child_is_replaced(
     endpoint = receivers.add("hook", SECRET)
     attempts = AttemptProcess("uvloop")
     dispatcher = WebhookDispatcher(
-        hook(receivers.url("/ok/hook")), timeline, FileCursorStore(tmp_path / "webhooks")
+        retrying_hook(receivers.url("/ok/hook"), SECRET),
+        timeline,
+        FileCursorStore(tmp_path / "webhooks"),
     )
     group = WebhookGroup([dispatcher], timeline, attempts=attempts)
     await group.start()
@@ -81,7 +76,7 @@ async def test_a_cancelled_attempt_closes_its_connection_in_the_child() -> None:
     await hang.start()
     attempts = AttemptProcess("uvloop")
     try:
-        webhook = hook(hang.url, timeout_s=60)
+        webhook = retrying_hook(hang.url, SECRET, timeout_s=60)
         body = b'{"type":"stream_warning"}'
         task = asyncio.create_task(
             attempts.attempt(webhook, body, headers(webhook.secret_key, "r1:1", 1, body))

@@ -21,7 +21,7 @@ from registry.events import NewEvent
 from registry.timeline import Timeline
 from tests.support.eventually import eventually, eventually_blocking
 from tests.support.processes import process_gone
-from tests.support.webhook_receivers import Receivers
+from tests.support.webhook_receivers import Receivers, retrying_hook
 from whip.webhooks.config import parse_webhooks
 from whip.webhooks.cursor import CursorFileError
 from whip.webhooks.delivery_process import DELIVERY_NICE, DeliveryProcess
@@ -46,12 +46,7 @@ async def test_a_killed_delivery_process_is_replaced_and_nothing_is_skipped(
     receivers = Receivers()
     await receivers.start()
     endpoint = receivers.add("hook", SECRET)
-    (webhook,) = parse_webhooks(
-        [
-            {"name": "hook", "url": receivers.url("/ok/hook"), "secret": SECRET}
-            | {"events": ["stream_warning"], "retry_min_s": 0.05, "retry_max_s": 0.2}
-        ]
-    )
+    webhook = retrying_hook(receivers.url("/ok/hook"), SECRET)
     delivery = DeliveryProcess(
         [webhook], timeline, tmp_path / "webhooks", "asyncio", gather_s=FEED_GATHER_S
     )

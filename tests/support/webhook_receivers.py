@@ -29,7 +29,16 @@ from aiohttp import web
 from aiohttp.test_utils import TestServer
 from standardwebhooks.webhooks import Webhook
 
+from whip.webhooks.config import WebhookConfig, parse_webhooks
+
 HUGE_BODY_BYTES = 100 * 1024 * 1024
+
+
+def retrying_hook(url: str, secret: str, **extra: object) -> WebhookConfig:
+    """A webhook named ``hook`` wanting ``stream_warning``, retrying fast (0.05-0.2 s)."""
+    entry = {"name": "hook", "url": url, "secret": secret, "events": ["stream_warning"]}
+    (webhook,) = parse_webhooks([{**entry, "retry_min_s": 0.05, "retry_max_s": 0.2, **extra}])
+    return webhook
 
 
 @dataclass(frozen=True, slots=True)
