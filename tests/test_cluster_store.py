@@ -116,6 +116,45 @@ async def test_schema_is_created_once_migrates_forward_and_refuses_a_newer_one(
             await conn.close()
 
 
+async def test_version_5_gives_every_run_row_its_own_incarnation_and_each_cursor_its_runs(
+    cluster_store: str,
+) -> None:
+    """A store at version 4 with runs and webhook cursors, migrated to 5: every run row gets
+    an incarnation no other row has, every cursor row its run row's (so no cursor stops
+    counting, and nothing is sent again), and a cursor row whose run is gone gets 0."""
+    conn = await asyncpg.connect(cluster_store)
+    try:
+        assert await migrate(conn, MIGRATIONS[:4]) == 4
+        await conn.execute(
+            "INSERT INTO whip_runs (run_id, principal, created_ms, last_activity_ms, last_seq)"
+            " SELECT 'r' || i, 'p', i, i, 3 FROM generate_series(1, 50) AS i"
+        )
+        await conn.execute("INSERT INTO whip_webhooks (name, url, created_ms) VALUES ('w', 'u', 1)")
+        await conn.execute(
+            "INSERT INTO whip_webhook_cursors (webhook, run_id, done_seq)"
+            " SELECT 'w', 'r' || i, 2 FROM generate_series(1, 50) AS i"
+            " UNION ALL SELECT 'w', 'evicted', 7"
+        )
+        assert await migrate(conn) == len(MIGRATIONS)
+        runs = await conn.fetch("SELECT run_id, incarnation FROM whip_runs")
+        incarnations = {row["run_id"]: row["incarnation"] for row in runs}
+        assert len(set(incarnations.values())) == 50 and min(incarnations.values()) > 0
+        cursors = await conn.fetch("SELECT run_id, done_seq, incarnation FROM whip_webhook_cursors")
+        assert {row["run_id"]: (row["done_seq"], row["incarnation"]) for row in cursors} == {
+            **{run_id: (2, incarnation) for run_id, incarnation in incarnations.items()},
+            "evicted": (7, 0),
+        }
+        # A row made after the migration takes the next number.
+        await conn.execute(
+            "INSERT INTO whip_runs (run_id, principal, created_ms, last_activity_ms)"
+            " VALUES ('later', 'p', 1, 1)"
+        )
+        later = await conn.fetchval("SELECT incarnation FROM whip_runs WHERE run_id = 'later'")
+        assert later > max(incarnations.values())
+    finally:
+        await conn.close()
+
+
 async def test_stream_slots_are_exact_across_nodes(nodes: NodeFactory) -> None:
     cluster = [await nodes(name) for name in ("a", "b", "c")]
     answers = await asyncio.gather(

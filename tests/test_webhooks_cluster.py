@@ -25,7 +25,7 @@ import base64
 import os
 from collections import defaultdict
 from collections.abc import AsyncIterator, Awaitable, Callable
-from typing import Any
+from typing import Any, Protocol
 
 import aiohttp
 import asyncpg
@@ -35,7 +35,7 @@ from aiohttp.test_utils import TestServer
 from registry.events import EventType, NewEvent
 from registry.pg.batches import FencedError
 from registry.pg.timeline import ClusterTimeline, ClusterTimelineConfig
-from registry.pg.webhook_store import DeliveryLeaseLostError, Outcome, WebhookStore
+from registry.pg.webhook_store import DeliveryLeaseLostError, Outcome, RunKey, WebhookStore
 from tests.support.eventually import eventually
 from tests.support.webhook_receivers import Endpoint, Receivers
 from whip.appkeys import CLUSTER_KEY, WEBHOOKS_KEY
@@ -92,16 +92,21 @@ class Node:
         await self.pool.close()
 
 
-NodeFactory = Callable[[str], Awaitable[Node]]
+class NodeFactory(Protocol):
+    def __call__(self, node_id: str, *, deleted_retention: int = ...) -> Awaitable[Node]: ...
 
 
 @pytest.fixture
 async def nodes(cluster_store: str) -> AsyncIterator[NodeFactory]:
     opened: list[Node] = []
 
-    async def open_node(node_id: str) -> Node:
+    async def open_node(node_id: str, *, deleted_retention: int = 4096) -> Node:
         config = ClusterTimelineConfig(
-            cluster_store, node_id, f"http://127.0.0.1:9/{node_id}", LEASE_S
+            cluster_store,
+            node_id,
+            f"http://127.0.0.1:9/{node_id}",
+            LEASE_S,
+            deleted_retention=deleted_retention,
         )
         timeline = await ClusterTimeline.open(config)
         pool = await asyncpg.create_pool(cluster_store, min_size=1, max_size=4)
@@ -510,10 +515,90 @@ async def test_a_webhook_no_longer_configured_is_forgotten_unless_a_live_node_de
     assert await b.store.describe("old") is None
     assert await cursor_rows(b.store, "old") == 0
     with pytest.raises((DeliveryLeaseLostError, FencedError)):
-        await b.store.save("old", lease, {"r1": 1}, Outcome(204, None, 1, 1))
+        await b.store.save("old", lease, {RunKey("r1", 1): 1}, Outcome(204, None, 1, 1))
     assert await cursor_rows(b.store, "old") == 0
 
     # The configured one is kept and delivered.
     on_b = await b.deliver(kept)
     assert await b.store.forget(["kept"]) == []
     await eventually(lambda: on_b.delivering, within=20, awaiting="b delivers 'kept'")
+
+
+async def test_a_run_id_made_again_after_retention_evicted_it_is_delivered_under_its_own_id(
+    cluster_store: str, nodes: NodeFactory, receivers: Receivers
+) -> None:
+    """Retention evicts a deleted run whose cursor row is not pruned yet; a DELETE of the same
+    id makes a new run whose ``run_deleted`` is seq 1 again. The old row must not mark it
+    done (it was never sent before incarnations), and its ``webhook-id`` must not be the
+    first run's ``x:1``."""
+    node = await nodes("a", deleted_retention=1)
+    endpoint = receivers.add("again", new_secret())
+    config = webhook("again", receivers.url("/ok/again"), endpoint.secret)
+    deliverer = await node.deliver(config)
+    await eventually(lambda: deliverer.delivering, within=20, awaiting="the lease")
+    deliverer.prune_s = 3600.0  # the cursor row of the first "x" stays: what a prune leaves
+
+    await push(node, "x", EventType.RUN_CREATED, EventType.SESSION_CLOSED)  # ended: evictable
+    await node.timeline.delete_run("x", "studio-a")
+    await eventually(
+        lambda: endpoint.first_ids() == ["x:1", "x:2", "x:3"],
+        within=20,
+        awaiting="x's three events",
+    )
+
+    conn = await asyncpg.connect(cluster_store)
+
+    async def first_x_row() -> tuple[int, int] | None:
+        row = await conn.fetchrow(
+            "SELECT done_seq, incarnation FROM whip_webhook_cursors"
+            " WHERE webhook = 'again' AND run_id = 'x'"
+        )
+        return None if row is None else (int(row["done_seq"]), int(row["incarnation"]))
+
+    try:
+        await eventually(first_x_row, within=20, awaiting="x's cursor row saved")
+        saved = await first_x_row()
+        assert saved is not None and saved[0] == 3
+        first_incarnation = saved[1]
+        # Two later deletions: retention (keep 1) evicts "x", its row and events.
+        for run_id in ("y", "z"):
+            await node.timeline.delete_run(run_id, "studio-a")
+
+        async def x_evicted() -> bool:
+            return await conn.fetchval("SELECT count(*) FROM whip_runs WHERE run_id = 'x'") == 0
+
+        await eventually(x_evicted, within=20, awaiting="retention to evict x")
+        assert await first_x_row() == (3, first_incarnation)  # left over, not yet pruned
+
+        await node.timeline.delete_run("x", "studio-a")
+        incarnation = await conn.fetchval("SELECT incarnation FROM whip_runs WHERE run_id = 'x'")
+        assert incarnation > first_incarnation
+        new_id = f"x:1.{incarnation}"
+        await eventually(
+            lambda: new_id in endpoint.first_ids(),
+            within=20,
+            awaiting=lambda: f"the new x's run_deleted, got {endpoint.first_ids()}",
+        )
+        (again,) = [d for d in endpoint.delivered if d.msg_id == new_id]
+        assert again.payload["type"] == "run_deleted" and again.payload["data"]["seq"] == 1
+
+        async def new_row_saved() -> bool:
+            return await first_x_row() == (1, incarnation)
+
+        await eventually(new_row_saved, within=20, awaiting="the new x's cursor row")
+        # A late save for the evicted incarnation (a run task that read before the
+        # eviction) changes nothing: the row belongs to the newer run.
+        lease = deliverer.lease
+        assert lease is not None
+        await node.store.save(
+            "again", lease, {RunKey("x", first_incarnation): 9}, Outcome(204, None, 1, 1)
+        )
+        assert await first_x_row() == (1, incarnation)
+    finally:
+        await conn.close()
+    await deliverer.aclose()
+    # Every id once ("y" and "z" were made by DELETE too; with a retention of one run they
+    # may be evicted before their delivery, which is the store's documented limit).
+    ids = [d.msg_id for d in endpoint.delivered]
+    assert len(ids) == len(set(ids))
+    assert [i for i in ids if i.startswith("x:")] == ["x:1", "x:2", "x:3", new_id]

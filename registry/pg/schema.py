@@ -32,7 +32,10 @@ principal) and the deleted runs in deletion order (retention, :mod:`registry.pg.
 Version 3, tables: ``whip_webhooks`` (a webhook's delivery lease, durable 410 mark and
 last outcome) and ``whip_webhook_cursors`` (its cursor, one row per run), described in
 :mod:`registry.pg.webhook_store`. Version 4 adds ``whip_runs.webhook_done``: the cursors of
-a deleted run pruned from ``whip_webhook_cursors`` (same module).
+a deleted run pruned from ``whip_webhook_cursors`` (same module). Version 5 adds
+``whip_runs.incarnation`` (from the ``whip_run_incarnations`` sequence: no two run rows ever
+share one, even for one run id made again after retention evicted it) and
+``whip_webhook_cursors.incarnation`` (the run row a cursor was saved for).
 """
 
 from __future__ import annotations
@@ -146,6 +149,20 @@ MIGRATIONS: tuple[str, ...] = (
     # removed; the fold goes with the run row when retention evicts it.
     """
     ALTER TABLE whip_runs ADD COLUMN webhook_done jsonb NOT NULL DEFAULT '{}'::jsonb;
+    """,
+    # 5: run incarnations (registry/pg/webhook_store.py): a run id the retention evicted and
+    # a later DELETE made again is a new run row whose seqs start at 1 again. Each run row
+    # gets a number no row ever had (existing rows one each, here), and each cursor row the
+    # number of the row it was saved for, so a cursor of the evicted run cannot count for
+    # the new one. Existing cursor rows take their run row's number; a row whose run is gone
+    # keeps 0 (an orphan, pruned).
+    """
+    CREATE SEQUENCE whip_run_incarnations;
+    ALTER TABLE whip_runs
+        ADD COLUMN incarnation bigint NOT NULL DEFAULT nextval('whip_run_incarnations');
+    ALTER TABLE whip_webhook_cursors ADD COLUMN incarnation bigint NOT NULL DEFAULT 0;
+    UPDATE whip_webhook_cursors c SET incarnation = r.incarnation
+        FROM whip_runs r WHERE r.run_id = c.run_id;
     """,
 )
 """Forward migrations, oldest first (append only; never edit a released one)."""

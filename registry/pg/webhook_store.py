@@ -23,6 +23,20 @@ The cursor rule (why no committed event is ever skipped):
   at ``last_seq`` for every run that exists; runs created after (or not yet committed) have
   no row and are delivered from their first event.
 
+Incarnations (a run id made again):
+
+- Retention evicts a deleted run's row and events; a later DELETE of the same id makes a
+  new row whose ``run_deleted`` is seq 1 again (:mod:`registry.pg.retention`). Every run row
+  has an ``incarnation`` no row ever had (a sequence), and every cursor row the incarnation
+  it was saved for. A cursor row counts only for the run row of its incarnation: left over
+  from an evicted run (not yet pruned), it does not mark the new row's events done. Without
+  that, the new ``run_deleted`` would be read as delivered and never sent.
+- The deliverer keys what it moved by :class:`RunKey` (id and incarnation), as
+  :meth:`WebhookStore.behind` gives them. A save for an older incarnation than the row's
+  changes nothing, one for a newer incarnation replaces the row (a row never counts for two
+  runs). A save for an evicted incarnation makes an orphan, which the prune deletes; its
+  events come again under the new row's cursor: duplicates, never a skip.
+
 Pruning (the cursor rows do not grow with every run ever deleted):
 
 - A run's cursor for a webhook is ``GREATEST(done_seq of its row, whip_runs.webhook_done
@@ -36,8 +50,8 @@ Pruning (the cursor rows do not grow with every run ever deleted):
   seq and is delivered; its row is made again and pruned again.
 - The fold lives in the run row, so it is bounded as the deleted runs are: retention
   (:mod:`registry.pg.retention`) evicts the row and the fold with it. Cursor rows whose run
-  row is gone (evicted before it was delivered) are deleted by the same prune: no run row,
-  nothing is behind.
+  row is gone, or of another incarnation than the row's, are deleted by the same prune:
+  nothing is behind for them.
 - Only the deliverer prunes, under its delivery lease (checked in the prune's transaction,
   as a save is), so a prune never races a save of the same webhook. Run rows are locked
   ``FOR UPDATE SKIP LOCKED``: a run a batch is writing right now is left for the next prune.
@@ -93,6 +107,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import asyncpg
 import orjson
@@ -107,6 +122,7 @@ __all__ = [
     "DeliveryLeaseLostError",
     "DisabledMark",
     "Outcome",
+    "RunKey",
     "WebhookRow",
     "WebhookStore",
 ]
@@ -117,8 +133,24 @@ PRUNE_BATCH = 1000
 
 def _done(name: str) -> str:
     """The SQL of a run's cursor for the webhook named by parameter ``name`` (module doc),
-    with ``r`` the run row and ``c`` the cursor row (or NULLs)."""
+    with ``r`` the run row and ``c`` the cursor row joined by :func:`_cursor_of` (or NULLs)."""
     return f"GREATEST(COALESCE(c.done_seq, 0), COALESCE((r.webhook_done ->> {name})::bigint, 0))"
+
+
+def _cursor_of(name: str) -> str:
+    """The SQL join of the run row ``r`` to its cursor row ``c`` for the webhook named by
+    ``name``: the row of the same run id *and* incarnation (module doc, "Incarnations")."""
+    return (
+        f" LEFT JOIN whip_webhook_cursors c ON c.webhook = {name} AND c.run_id = r.run_id"
+        " AND c.incarnation = r.incarnation"
+    )
+
+
+class RunKey(NamedTuple):
+    """One run row: its id and its incarnation (module doc, "Incarnations")."""
+
+    run_id: str
+    incarnation: int
 
 
 class DeliveryLeaseLostError(RegistryError):
@@ -198,8 +230,8 @@ class WebhookStore:
             )
             if made:
                 await conn.execute(
-                    "INSERT INTO whip_webhook_cursors (webhook, run_id, done_seq)"
-                    " SELECT $1, run_id, last_seq FROM whip_runs WHERE last_seq > 0",
+                    "INSERT INTO whip_webhook_cursors (webhook, run_id, done_seq, incarnation)"
+                    " SELECT $1, run_id, last_seq, incarnation FROM whip_runs WHERE last_seq > 0",
                     name,
                 )
                 return None
@@ -276,32 +308,18 @@ class WebhookStore:
                 lease.delivery_epoch,
             )
 
-    async def cursors(self, name: str, run_ids: list[str]) -> dict[str, int]:
-        """``done_seq`` of each run (0 for a run without a row)."""
-        async with self._pool.acquire() as conn:
-            rows = await conn.fetch(
-                f"SELECT r.run_id, {_done('$1')} AS done FROM whip_runs r"
-                " LEFT JOIN whip_webhook_cursors c ON c.webhook = $1 AND c.run_id = r.run_id"
-                " WHERE r.run_id = ANY($2::text[])",
-                name,
-                run_ids,
-            )
-        found = {row["run_id"]: int(row["done"]) for row in rows}
-        return {run_id: found.get(run_id, 0) for run_id in run_ids}
-
-    async def behind(self, name: str, limit: int) -> dict[str, int]:
+    async def behind(self, name: str, limit: int) -> dict[RunKey, int]:
         """Up to ``limit`` runs with events past their cursor, least recently active first:
-        run id -> ``done_seq``."""
+        the run -> ``done_seq``."""
         async with self._pool.acquire() as conn:
             rows = await conn.fetch(
-                f"SELECT r.run_id, {_done('$1')} AS done FROM whip_runs r"
-                " LEFT JOIN whip_webhook_cursors c ON c.webhook = $1 AND c.run_id = r.run_id"
-                f" WHERE r.last_seq > {_done('$1')}"
+                f"SELECT r.run_id, r.incarnation, {_done('$1')} AS done FROM whip_runs r"
+                f"{_cursor_of('$1')} WHERE r.last_seq > {_done('$1')}"
                 " ORDER BY r.last_activity_ms, r.run_id LIMIT $2",
                 name,
                 limit,
             )
-        return {row["run_id"]: int(row["done"]) for row in rows}
+        return {RunKey(row["run_id"], int(row["incarnation"])): int(row["done"]) for row in rows}
 
     async def read_events(self, run_id: str, after_seq: int, limit: int) -> list[Event]:
         """The run's events with ``seq > after_seq``, oldest first."""
@@ -320,20 +338,27 @@ class WebhookStore:
         ]  # fmt: skip
 
     async def save(
-        self, name: str, lease: DeliveryLease, done: Mapping[str, int], outcome: Outcome
+        self, name: str, lease: DeliveryLease, done: Mapping[RunKey, int], outcome: Outcome
     ) -> None:
-        """Move the cursors of ``done`` (never back) and record the last outcome, under
-        the delivery lease. Raises :class:`DeliveryLeaseLostError`, ``FencedError``."""
+        """Move the cursors of ``done`` (never back; module doc, "Incarnations", for a
+        save of another incarnation) and record the last outcome, under the delivery
+        lease. Raises :class:`DeliveryLeaseLostError`, ``FencedError``."""
         async with self._pool.acquire() as conn, conn.transaction():
             await self._check_held(conn, name, lease)
             if done:
                 await conn.execute(
-                    "INSERT INTO whip_webhook_cursors (webhook, run_id, done_seq)"
-                    " SELECT $1, * FROM unnest($2::text[], $3::bigint[])"
+                    "INSERT INTO whip_webhook_cursors (webhook, run_id, incarnation, done_seq)"
+                    " SELECT $1, * FROM unnest($2::text[], $3::bigint[], $4::bigint[])"
                     " ON CONFLICT (webhook, run_id) DO UPDATE"
-                    " SET done_seq = GREATEST(whip_webhook_cursors.done_seq, EXCLUDED.done_seq)",
+                    " SET done_seq = CASE"
+                    "  WHEN whip_webhook_cursors.incarnation = EXCLUDED.incarnation"
+                    "  THEN GREATEST(whip_webhook_cursors.done_seq, EXCLUDED.done_seq)"
+                    "  ELSE EXCLUDED.done_seq END,"
+                    " incarnation = EXCLUDED.incarnation"
+                    " WHERE whip_webhook_cursors.incarnation <= EXCLUDED.incarnation",
                     name,
-                    list(done),
+                    [key.run_id for key in done],
+                    [key.incarnation for key in done],
                     list(done.values()),
                 )
             await conn.execute(
@@ -356,7 +381,7 @@ class WebhookStore:
             folded = await conn.fetchval(
                 "WITH done AS ("
                 "  SELECT c.run_id, c.done_seq FROM whip_webhook_cursors c"
-                "  JOIN whip_runs r ON r.run_id = c.run_id"
+                "  JOIN whip_runs r ON r.run_id = c.run_id AND r.incarnation = c.incarnation"
                 "  WHERE c.webhook = $1 AND r.deleted_seq IS NOT NULL"
                 "  AND GREATEST(c.done_seq, COALESCE((r.webhook_done ->> $1)::bigint, 0))"
                 "  >= r.last_seq"
@@ -376,8 +401,8 @@ class WebhookStore:
             orphans = await conn.fetchval(
                 "WITH gone AS (DELETE FROM whip_webhook_cursors WHERE webhook = $1"
                 " AND run_id IN (SELECT c.run_id FROM whip_webhook_cursors c"
-                "  WHERE c.webhook = $1 AND NOT EXISTS"
-                "  (SELECT 1 FROM whip_runs r WHERE r.run_id = c.run_id) LIMIT $2)"
+                "  WHERE c.webhook = $1 AND NOT EXISTS (SELECT 1 FROM whip_runs r"
+                "   WHERE r.run_id = c.run_id AND r.incarnation = c.incarnation) LIMIT $2)"
                 " RETURNING 1) SELECT count(*) FROM gone",
                 name,
                 limit,
@@ -432,10 +457,8 @@ class WebhookStore:
                 f"SELECT w.*, {_LIVE_OWNER} AS live,"
                 " (SELECT COALESCE(sum(last_seq), 0) FROM whip_runs) AS total,"
                 f" (SELECT COALESCE(sum(LEAST({_done('w.name')}, r.last_seq)), 0)"
-                "  FROM whip_runs r LEFT JOIN whip_webhook_cursors c"
-                "  ON c.webhook = w.name AND c.run_id = r.run_id) AS done,"
-                " (SELECT count(*) FROM whip_runs r LEFT JOIN whip_webhook_cursors c"
-                "  ON c.webhook = w.name AND c.run_id = r.run_id"
+                f"  FROM whip_runs r{_cursor_of('w.name')}) AS done,"
+                f" (SELECT count(*) FROM whip_runs r{_cursor_of('w.name')}"
                 f"  WHERE r.last_seq > {_done('w.name')}) AS behind"
                 " FROM whip_webhooks w WHERE w.name = $1",
                 name,

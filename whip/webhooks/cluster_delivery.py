@@ -17,6 +17,11 @@ Rules (the store's side, the cursor rule and the lease, are in
   saves the moved cursors every tick, under the lease (a node that lost it cannot save).
   A crash or a hand-over resumes from the last save: what was delivered after it is sent
   again with the same ``webhook-id`` (``run_id:seq``, the same on every node).
+- Runs are keyed by :class:`~registry.pg.webhook_store.RunKey` (id and incarnation), in
+  memory and in the store: a run id that retention evicted and a later DELETE made again
+  is another run, delivered from its first event (the store's "Incarnations"). Its one
+  event, ``run_deleted`` at seq 1, has the ``webhook-id`` ``run_id:1.<incarnation>``
+  (:func:`~whip.webhooks.signing.message_id`): ``run_id:1`` was the first run's.
 - One deliverer at a time: before every attempt the task checks that the node still holds
   the lease epoch it claimed under (``writer()``, the node lease's current writer, a plain
   attribute read that is safe from any thread); the lead drops the delivery lease and
@@ -68,6 +73,7 @@ from registry.pg.webhook_store import (
     DeliveryLeaseLostError,
     DisabledMark,
     Outcome,
+    RunKey,
     WebhookRow,
     WebhookStore,
 )
@@ -75,6 +81,7 @@ from whip.webhooks.attempt_process import AttemptProcess
 from whip.webhooks.config import WebhookConfig
 from whip.webhooks.delivery import Attempt, attempt, new_http_session, shown_url
 from whip.webhooks.send_loop import SendLoop
+from whip.webhooks.signing import message_id
 
 logger = logging.getLogger(__name__)
 
@@ -125,9 +132,9 @@ class ClusterWebhookDeliverer(SendLoop):
         self.lease: DeliveryLease | None = None
         self.disabled: DisabledMark | None = None
         self._unsaved_mark = False
-        self._done: dict[str, int] = {}
+        self._done: dict[RunKey, int] = {}
         """Run -> cursor moved by this node under the current lease, not yet known saved."""
-        self._slots: dict[str, asyncio.Task[None]] = {}
+        self._slots: dict[RunKey, asyncio.Task[None]] = {}
         self._lead: asyncio.Task[None] | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._http: aiohttp.ClientSession | None = None
@@ -138,7 +145,7 @@ class ClusterWebhookDeliverer(SendLoop):
         self._row: WebhookRow | None = None
         self._row_read_at = -float("inf")
         self._woken = asyncio.Event()
-        self._saved_done: dict[str, int] | None = None
+        self._saved_done: dict[RunKey, int] | None = None
         self._saved_outcome: Outcome | None = None
         self._store_failing = False
         self.handovers = 0
@@ -288,12 +295,12 @@ class ClusterWebhookDeliverer(SendLoop):
         if free <= 0:
             return
         behind = await self.store.behind(self.name, free + len(self._slots))
-        for run_id, saved in behind.items():
-            if run_id in self._slots or len(self._slots) >= self.webhook.max_parallel_runs:
+        for run, saved in behind.items():
+            if run in self._slots or len(self._slots) >= self.webhook.max_parallel_runs:
                 continue
-            after = max(saved, self._done.get(run_id, 0))
-            self._slots[run_id] = asyncio.create_task(
-                self._deliver_run(run_id, after), name=f"webhook-{self.name}-run"
+            after = max(saved, self._done.get(run, 0))
+            self._slots[run] = asyncio.create_task(
+                self._deliver_run(run, after), name=f"webhook-{self.name}-run"
             )
 
     def _lose(self, why: str) -> None:
@@ -317,9 +324,9 @@ class ClusterWebhookDeliverer(SendLoop):
         if done == self._saved_done and outcome == self._saved_outcome:
             return
         await self.store.save(self.name, lease, done, outcome)
-        for run_id, seq in done.items():
-            if self._done.get(run_id) == seq and run_id not in self._slots:
-                del self._done[run_id]
+        for run, seq in done.items():
+            if self._done.get(run) == seq and run not in self._slots:
+                del self._done[run]
         self._saved_outcome = outcome
         self._saved_done = {r: q for r, q in self._done.items() if done.get(r) == q}
 
@@ -342,8 +349,9 @@ class ClusterWebhookDeliverer(SendLoop):
 
     # ------------------------------------------------------------------ one run
 
-    async def _deliver_run(self, run_id: str, after: int) -> None:
+    async def _deliver_run(self, run: RunKey, after: int) -> None:
         """Deliver the run's events after ``after``, in order, until it is read to the end."""
+        run_id = run.run_id
         try:
             while True:
                 events = await self.store.read_events(run_id, after, READ_BATCH)
@@ -351,9 +359,9 @@ class ClusterWebhookDeliverer(SendLoop):
                     return
                 for event in events:
                     if self.webhook.wants(event.type, event.principal):
-                        await self._deliver(event)
+                        await self._deliver(event, run.incarnation)
                     after = event.seq
-                    self._done[run_id] = after
+                    self._done[run] = after
         except LeaseEndedError:
             return
         except STORE_ERRORS as exc:
@@ -363,10 +371,10 @@ class ClusterWebhookDeliverer(SendLoop):
         except Exception:
             logger.exception("webhook %s: run %s delivery stopped", self.name, run_id)
         finally:
-            if self._slots.get(run_id) is asyncio.current_task():
-                del self._slots[run_id]
+            if self._slots.get(run) is asyncio.current_task():
+                del self._slots[run]
 
-    async def _deliver(self, event: Event) -> None:
+    async def _deliver(self, event: Event, incarnation: int) -> None:
         """Send one event until a 2xx (:mod:`whip.webhooks.send_loop`); raises
         :class:`LeaseEndedError` when this node stops delivering (410 included).
         Cancellation: the attempt in flight is abandoned."""
@@ -387,7 +395,9 @@ class ClusterWebhookDeliverer(SendLoop):
             await self._disable(lease, event)
             raise LeaseEndedError(self.name)
 
-        await self._send_until_accepted(event, may_send, send_once, gone)
+        await self._send_until_accepted(
+            event, may_send, send_once, gone, message_id(event, incarnation)
+        )
 
     async def _disable(self, lease: DeliveryLease, event: Event) -> None:
         if self.disabled is not None:
@@ -402,10 +412,10 @@ class ClusterWebhookDeliverer(SendLoop):
             event.run_id,
             event.seq,
         )
-        for run_id, task in list(self._slots.items()):
+        for run, task in list(self._slots.items()):
             if task is not asyncio.current_task():
                 task.cancel()
-                del self._slots[run_id]
+                del self._slots[run]
         self._unsaved_mark = True
         with contextlib.suppress(*STORE_ERRORS):
             await self._persist_mark(lease, mark)

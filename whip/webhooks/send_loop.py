@@ -59,11 +59,15 @@ class SendLoop:
         may_send: Callable[[], T],
         send_once: SendOnce,
         gone: Callable[[Event, T], Awaitable[NoReturn]],
+        msg_id: str | None = None,
     ) -> None:
         """Send ``event`` until a 2xx (module doc). ``may_send`` raises to stop before each
-        attempt; ``gone`` gets what it returned for the attempt a 410 answered."""
+        attempt; ``gone`` gets what it returned for the attempt a 410 answered. ``msg_id``:
+        the ``webhook-id`` when the deliverer knows more than the event (the cluster's
+        incarnation), else :func:`~whip.webhooks.signing.message_id` of the event."""
         body = message_body(event)
-        msg_id = message_id(event)
+        if msg_id is None:
+            msg_id = message_id(event)
         failures = 0
         self._in_delivery[event.run_id] = event.ts_ms
         try:

@@ -3,7 +3,11 @@
 Rules (standardwebhooks.com, version 1 signatures):
 
 - ``webhook-id`` is stable for one event: ``{run_id}:{seq}`` (:func:`message_id`), the
-  same on every retry and after a restart, so a receiver deduplicates by it.
+  same on every retry and after a restart, so a receiver deduplicates by it. Cluster seqs
+  are per run, and a run id that retention evicted can be made again by a DELETE (a run
+  whose one event is ``run_deleted`` at seq 1): given the run row's incarnation, that
+  event's id is ``{run_id}:1.{incarnation}``, so it never repeats the first run's
+  ``{run_id}:1``. Embedded seqs are global: there the id is unique without it.
 - ``webhook-timestamp`` is the attempt's time, integer seconds since the epoch (receivers
   refuse stale timestamps, so a retry is signed afresh).
 - ``webhook-signature`` is ``v1,`` and the base64 of HMAC-SHA256 over
@@ -32,7 +36,7 @@ import time
 
 import orjson
 
-from registry.events import Event
+from registry.events import Event, EventType
 
 SIGNATURE_VERSION = "v1"
 
@@ -43,8 +47,11 @@ _bodies: dict[int, tuple[Event, bytes]] = {}
 _bodies_lock = threading.Lock()
 
 
-def message_id(event: Event) -> str:
-    """The event's ``webhook-id``: the same for every attempt, in every process."""
+def message_id(event: Event, incarnation: int | None = None) -> str:
+    """The event's ``webhook-id``: the same for every attempt, in every process (module
+    rules; ``incarnation``: the cluster run row's)."""
+    if incarnation is not None and event.seq == 1 and event.type == EventType.RUN_DELETED:
+        return f"{event.run_id}:1.{incarnation}"
     return f"{event.run_id}:{event.seq}"
 
 
