@@ -597,8 +597,61 @@ async def test_a_run_id_made_again_after_retention_evicted_it_is_delivered_under
     finally:
         await conn.close()
     await deliverer.aclose()
-    # Every id once ("y" and "z" were made by DELETE too; with a retention of one run they
-    # may be evicted before their delivery, which is the store's documented limit).
+    # Every id once: "y" and "z" were made by DELETE too, and retention kept each of them
+    # until its run_deleted was delivered.
     ids = [d.msg_id for d in endpoint.delivered]
-    assert len(ids) == len(set(ids))
+    assert len(ids) == len(set(ids)) == 6
     assert [i for i in ids if i.startswith("x:")] == ["x:1", "x:2", "x:3", new_id]
+    assert sorted(i.split(".")[0] for i in ids if not i.startswith("x:")) == ["y:1", "z:1"]
+
+
+async def test_retention_keeps_deleted_runs_until_every_webhook_not_disabled_has_them(
+    cluster_store: str, nodes: NodeFactory, receivers: Receivers
+) -> None:
+    """Eviction deletes a run's events: a deleted run a webhook has not delivered stays
+    past the retention bound until it has; a webhook disabled by a 410 holds nothing."""
+    node = await nodes("a", deleted_retention=2)
+    slow = receivers.add("slow", new_secret(), mode="down")
+    slow_config = webhook("slow", receivers.url("/ok/slow"), slow.secret)
+    dead_config = webhook("dead", receivers.url("/gone"), new_secret())
+    on_slow = await node.deliver(slow_config)
+    on_dead = await node.deliver(dead_config)
+    await eventually(
+        lambda: on_slow.delivering and on_dead.delivering, within=20, awaiting="both leases"
+    )
+    runs = [f"d{i}" for i in range(6)]
+    for run_id in runs:
+        await push(node, run_id, EventType.RUN_CREATED, EventType.SESSION_CLOSED)
+        await node.timeline.delete_run(run_id, "studio-a")
+    await eventually(lambda: on_dead.disabled is not None, within=20, awaiting="the 410")
+    await eventually(lambda: slow.requests >= 3, within=20, awaiting="refused attempts")
+
+    conn = await asyncpg.connect(cluster_store)
+    try:
+
+        async def deleted_rows() -> int:
+            return int(
+                await conn.fetchval("SELECT count(*) FROM whip_runs WHERE deleted_seq IS NOT NULL")
+            )
+
+        # The receiver is down: every deleted run is held, four past the bound.
+        assert await node.timeline.retention.sweep() == []
+        assert await deleted_rows() == 6
+
+        slow.mode = "ok"
+        expected = {f"{run_id}:{seq}" for run_id in runs for seq in (1, 2, 3)}
+        await eventually(
+            lambda: set(slow.first_ids()) == expected,
+            within=30,
+            awaiting=lambda: f"every event, got {len(slow.first_ids())}",
+        )
+
+        async def evicted_to_the_bound() -> bool:
+            await node.timeline.retention.sweep()
+            return await deleted_rows() == 2
+
+        # Once the saved cursors show them delivered, a sweep evicts down to the bound; the
+        # disabled webhook, which delivered nothing, does not hold them.
+        await eventually(evicted_to_the_bound, within=20, awaiting="eviction to 2 runs")
+    finally:
+        await conn.close()

@@ -15,6 +15,15 @@ Rules:
   be closing on its owner and emitting) is never evicted; once it ends or is interrupted,
   a later sweep takes it. It counts among the retained, as a pinned run does in the
   embedded FIFO.
+- **Held for webhooks**: a deleted run that a webhook of the store has not finished (its
+  cursor for the run, as :mod:`registry.pg.webhook_store` reads it, below the run's
+  ``last_seq``) is not evicted either, unless that webhook is disabled (its 410 mark names
+  its URL): eviction deletes the events, and a webhook promises every event at least once
+  (the embedded WAL keeps every segment, so there nothing is ever out of reach). A receiver
+  down for long holds every run deleted meanwhile, past the bound, until it catches up; a
+  webhook removed from the configuration stops holding once it is forgotten. The check is
+  read in the sweep's statement without locks: a cursor only moves forward, so a run it
+  finds behind is at worst kept one sweep too long.
 - **One node at a time**: a sweep runs in one transaction holding the transaction-scoped
   advisory lock :data:`RETENTION_LOCK_KEY` (``pg_try_advisory_xact_lock``); a node that
   finds it taken skips its sweep (the holder is sweeping). The rows to evict are locked
@@ -39,11 +48,19 @@ import logging
 import asyncpg
 
 from registry.pg.leases import ACTIVE_STATES_SQL
+from registry.pg.webhook_store import cursor_join_sql, done_sql
 
 logger = logging.getLogger(__name__)
 
 RETENTION_LOCK_KEY = 0x5748_4952  # "WHIR"
 SWEEP_LIMIT = 1000
+
+WEBHOOK_BEHIND_SQL = (
+    f"SELECT 1 FROM whip_webhooks w{cursor_join_sql('w.name')}"
+    " WHERE (w.disabled_url IS NULL OR w.disabled_url <> w.url)"
+    f" AND {done_sql('w.name')} < r.last_seq"
+)
+"""A webhook that is not disabled has not finished the run row ``r`` (module rules)."""
 
 
 async def evict_deleted(conn: asyncpg.Connection, keep: int, limit: int = SWEEP_LIMIT) -> list[str]:
@@ -62,12 +79,21 @@ async def evict_deleted(conn: asyncpg.Connection, keep: int, limit: int = SWEEP_
         doomed: list[str] = [
             row["run_id"]
             for row in await conn.fetch(
-                "SELECT run_id FROM whip_runs WHERE run_id = ANY($1::text[])"
+                "SELECT run_id FROM whip_runs r WHERE run_id = ANY($1::text[])"
                 f" AND (stream_state IS NULL OR stream_state NOT IN {ACTIVE_STATES_SQL})"
+                f" AND NOT EXISTS ({WEBHOOK_BEHIND_SQL})"
                 " ORDER BY run_id FOR UPDATE SKIP LOCKED",
                 [row["run_id"] for row in beyond],
             )
         ]
+        if len(doomed) < len(beyond):
+            logger.debug(
+                "retention: %d of %d deleted runs past %d kept (live, locked, or webhooks"
+                " behind on them)",
+                len(beyond) - len(doomed),
+                len(beyond),
+                keep,
+            )
         if doomed:
             await conn.execute("DELETE FROM whip_events WHERE run_id = ANY($1::text[])", doomed)
             await conn.execute("DELETE FROM whip_runs WHERE run_id = ANY($1::text[])", doomed)

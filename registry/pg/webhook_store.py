@@ -49,9 +49,11 @@ Pruning (the cursor rows do not grow with every run ever deleted):
   again. An event appended to the run later (a session still closing) is above the folded
   seq and is delivered; its row is made again and pruned again.
 - The fold lives in the run row, so it is bounded as the deleted runs are: retention
-  (:mod:`registry.pg.retention`) evicts the row and the fold with it. Cursor rows whose run
-  row is gone, or of another incarnation than the row's, are deleted by the same prune:
-  nothing is behind for them.
+  (:mod:`registry.pg.retention`) evicts the row and the fold with it. Retention does not
+  evict a deleted run a webhook that is not disabled has not finished (its "Held for
+  webhooks"), so a run row leaves before a webhook's cursor reaches its end only for a
+  webhook disabled or forgotten. Cursor rows whose run row is gone, or of another
+  incarnation than the row's, are deleted by the same prune: nothing is behind for them.
 - Only the deliverer prunes, under its delivery lease (checked in the prune's transaction,
   as a save is), so a prune never races a save of the same webhook. Run rows are locked
   ``FOR UPDATE SKIP LOCKED``: a run a batch is writing right now is left for the next prune.
@@ -125,19 +127,21 @@ __all__ = [
     "RunKey",
     "WebhookRow",
     "WebhookStore",
+    "cursor_join_sql",
+    "done_sql",
 ]
 
 PRUNE_BATCH = 1000
 """Cursor rows one prune removes at most (it is called again while it finds a full batch)."""
 
 
-def _done(name: str) -> str:
+def done_sql(name: str) -> str:
     """The SQL of a run's cursor for the webhook named by parameter ``name`` (module doc),
-    with ``r`` the run row and ``c`` the cursor row joined by :func:`_cursor_of` (or NULLs)."""
+    with ``r`` the run row and ``c`` the cursor row joined by :func:`cursor_join_sql` (or NULLs)."""
     return f"GREATEST(COALESCE(c.done_seq, 0), COALESCE((r.webhook_done ->> {name})::bigint, 0))"
 
 
-def _cursor_of(name: str) -> str:
+def cursor_join_sql(name: str) -> str:
     """The SQL join of the run row ``r`` to its cursor row ``c`` for the webhook named by
     ``name``: the row of the same run id *and* incarnation (module doc, "Incarnations")."""
     return (
@@ -313,8 +317,8 @@ class WebhookStore:
         the run -> ``done_seq``."""
         async with self._pool.acquire() as conn:
             rows = await conn.fetch(
-                f"SELECT r.run_id, r.incarnation, {_done('$1')} AS done FROM whip_runs r"
-                f"{_cursor_of('$1')} WHERE r.last_seq > {_done('$1')}"
+                f"SELECT r.run_id, r.incarnation, {done_sql('$1')} AS done FROM whip_runs r"
+                f"{cursor_join_sql('$1')} WHERE r.last_seq > {done_sql('$1')}"
                 " ORDER BY r.last_activity_ms, r.run_id LIMIT $2",
                 name,
                 limit,
@@ -456,10 +460,10 @@ class WebhookStore:
             row = await conn.fetchrow(
                 f"SELECT w.*, {_LIVE_OWNER} AS live,"
                 " (SELECT COALESCE(sum(last_seq), 0) FROM whip_runs) AS total,"
-                f" (SELECT COALESCE(sum(LEAST({_done('w.name')}, r.last_seq)), 0)"
-                f"  FROM whip_runs r{_cursor_of('w.name')}) AS done,"
-                f" (SELECT count(*) FROM whip_runs r{_cursor_of('w.name')}"
-                f"  WHERE r.last_seq > {_done('w.name')}) AS behind"
+                f" (SELECT COALESCE(sum(LEAST({done_sql('w.name')}, r.last_seq)), 0)"
+                f"  FROM whip_runs r{cursor_join_sql('w.name')}) AS done,"
+                f" (SELECT count(*) FROM whip_runs r{cursor_join_sql('w.name')}"
+                f"  WHERE r.last_seq > {done_sql('w.name')}) AS behind"
                 " FROM whip_webhooks w WHERE w.name = $1",
                 name,
             )
