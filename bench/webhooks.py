@@ -23,11 +23,14 @@ Sections:
    (warm-up and drift show as a difference between the two rounds); ``--rounds`` such
    pairs. ``pooled`` is every round's samples of a mode together (the modes alternate,
    so the host's drift falls on all of them alike): the figure to read.
-   Percentiles in milliseconds, and the added latency in percent. Two workloads:
+   Percentiles in milliseconds, and the added latency in percent. Three workloads:
    ``ingest_mix`` (a steady ``--mix-rate`` appends/s, default 100, mostly ``stats``,
-   every 10th a lifecycle type: what a server's timeline sees) and ``every_event_wanted`` (back to
-   back, every event wanted by every webhook: the worst case, where the webhooks'
-   requests compete with the appends for the one event loop).
+   every 10th a lifecycle type: what a server's timeline sees), ``every_event_paced``
+   (a steady ``--paced-rate`` appends/s, default 150, every event wanted by every webhook:
+   1,500 deliveries a second for the whole window, the delivery process busy throughout)
+   and ``every_event_wanted`` (back to back, every event wanted: a burst; its window is
+   about 0.1 s, while its 20,000 deliveries take seconds, so it measures the first tenth
+   of a second of a delivery burst, child warm-up included).
 
 Usage::
 
@@ -207,13 +210,15 @@ async def closed_loop(timeline: Timeline, appends: int, producers: int) -> list[
     return latencies
 
 
-async def ingest_mix(timeline: Timeline, appends: int, producers: int) -> list[float]:
-    """What a server's timeline sees: each producer (a session) appends at a steady
-    rate, mostly ``stats`` (not a default webhook type), every 10th event a lifecycle
-    one; ``MIX_RATE_PER_S`` appends per second in all."""
+async def paced(
+    timeline: Timeline, appends: int, producers: int, rate_per_s: float, wanted_every: int
+) -> list[float]:
+    """Each producer (a session) appends at a steady rate, ``rate_per_s`` in all; every
+    ``wanted_every``-th event a type the webhooks want, the others ``stats`` (not a default
+    webhook type)."""
     latencies: list[float] = []
     per_producer = appends // producers
-    interval = producers / MIX_RATE_PER_S[0]
+    interval = producers / rate_per_s
 
     async def producer(p: int) -> None:
         loop = asyncio.get_running_loop()
@@ -222,7 +227,7 @@ async def ingest_mix(timeline: Timeline, appends: int, producers: int) -> list[f
             delay = start + i * interval - loop.time()
             if delay > 0:
                 await asyncio.sleep(delay)
-            etype = "stream_warning" if i % 10 == 0 else "stats"
+            etype = "stream_warning" if i % wanted_every == 0 else "stats"
             event = NewEvent(f"mix{p:03d}", etype, "bench", {"n": i})
             t0 = time.perf_counter()
             await timeline.append(event)
@@ -232,10 +237,30 @@ async def ingest_mix(timeline: Timeline, appends: int, producers: int) -> list[f
     return latencies
 
 
+async def ingest_mix(timeline: Timeline, appends: int, producers: int) -> list[float]:
+    """What a server's timeline sees: ``MIX_RATE_PER_S`` appends per second, mostly
+    ``stats``, every 10th a lifecycle type."""
+    return await paced(timeline, appends, producers, MIX_RATE_PER_S[0], 10)
+
+
+async def every_event_paced(timeline: Timeline, appends: int, producers: int) -> list[float]:
+    """Sustained delivery load: ``PACED_RATE_PER_S`` appends per second, every one wanted
+    by every webhook, so the delivery process is busy for the whole window (the closed
+    loop's window is about 0.1 s, and most of its deliveries come after it)."""
+    return await paced(timeline, appends, producers, PACED_RATE_PER_S[0], 1)
+
+
 MIX_RATE_PER_S = [100.0]
 """Appends per second of ``ingest_mix`` (``--mix-rate``): about what 100 live sessions
 append (two tracks' ``stats`` every 5 s each, their lifecycle events, some analyzers)."""
-WORKLOADS = {"ingest_mix": ingest_mix, "every_event_wanted": closed_loop}
+PACED_RATE_PER_S = [150.0]
+"""Appends per second of ``every_event_paced`` (``--paced-rate``): with 10 webhooks, 1,500
+deliveries a second, about half of what the delivery process manages flat out here."""
+WORKLOADS = {
+    "ingest_mix": ingest_mix,
+    "every_event_paced": every_event_paced,
+    "every_event_wanted": closed_loop,
+}
 SPLIT_CORES = [False]
 """``--split-cores``: this process (the server: its loop and the WAL writer) on the first
 core, the delivery process and the receiver on the others. A diagnostic: what the
@@ -410,6 +435,7 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
         "throughput": result_throughput,
         "confirm_latency": latency,
         "ingest_mix_rate_per_s": MIX_RATE_PER_S[0],
+        "every_event_paced_rate_per_s": PACED_RATE_PER_S[0],
         "receiver_nice": RECEIVER_NICE[0],
         "split_cores": SPLIT_CORES[0],
         "delivery": "process" + (" and thread (compared)" if args.compare_thread else ""),
@@ -429,6 +455,9 @@ def parse_args() -> argparse.Namespace:
     )
     parser.add_argument("--dir", default=None, help="base directory (default: the system's)")
     parser.add_argument("--mix-rate", type=float, default=100.0, help="ingest_mix appends/s")
+    parser.add_argument(
+        "--paced-rate", type=float, default=150.0, help="every_event_paced appends/s"
+    )
     parser.add_argument("--rounds", type=int, default=1, help="pairs of rounds (both orders)")
     parser.add_argument(
         "--compare-thread",
@@ -456,6 +485,7 @@ def parse_args() -> argparse.Namespace:
 if __name__ == "__main__":
     arguments = parse_args()
     MIX_RATE_PER_S[0] = arguments.mix_rate
+    PACED_RATE_PER_S[0] = arguments.paced_rate
     RECEIVER_NICE[0] = arguments.receiver_nice
     SPLIT_CORES[0] = arguments.split_cores
     if arguments.serve_receiver:
