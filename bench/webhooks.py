@@ -165,7 +165,33 @@ async def wait_remote_cursors(delivery: DeliveryProcess, seq: int, within_s: flo
         await asyncio.sleep(0.005)
 
 
-async def throughput(base: Path, url: str, backlog: int, runs: int) -> dict[str, Any]:
+async def thread_throughput(
+    timeline: Timeline, base: Path, url: str, last_seq: int
+) -> dict[str, Any]:
+    """``--compare-thread``: the same backlog delivered by the design before (a dispatcher
+    on a delivery thread of this process, attempts in the attempt child), in the same run:
+    events/s from the group's start to its cursor at the log's end."""
+    cursors = base / "throughput" / "thread-webhooks"
+    store = FileCursorStore(cursors)
+    await store.save("fast-thread", CursorState(0))
+    dispatcher = WebhookDispatcher(webhook("fast-thread", url), timeline, store)
+    group = WebhookGroup([dispatcher], timeline, attempts=AttemptProcess("uvloop"))
+    thread = DeliveryThread("uvloop")
+    await thread.start()
+    try:
+        started = time.perf_counter()
+        await thread.run(group.start())
+        await wait_cursor(dispatcher, last_seq, 600)
+        elapsed = time.perf_counter() - started
+        await thread.run(group.aclose())
+    finally:
+        await thread.stop()
+    return {"thread_events_per_s": round(last_seq / elapsed, 1)}
+
+
+async def throughput(
+    base: Path, url: str, backlog: int, runs: int, compare: bool = False
+) -> dict[str, Any]:
     timeline = await asyncio.to_thread(Timeline.open, TimelineConfig(base / "throughput"))
     try:
         appends = [
@@ -179,18 +205,23 @@ async def throughput(base: Path, url: str, backlog: int, runs: int) -> dict[str,
         delivery = DeliveryProcess([fast], timeline, cursors, "uvloop", gather_s=FEED_GATHER_S)
         started = time.perf_counter()
         await delivery.start()
+        ready = time.perf_counter()
         await wait_remote_cursors(delivery, max(seqs), 600)
-        elapsed = time.perf_counter() - started
+        done = time.perf_counter()
         await delivery.aclose()
+        thread_figures = await thread_throughput(timeline, base, url, max(seqs)) if compare else {}
     finally:
         await asyncio.to_thread(timeline.close)
     return {
+        **thread_figures,
         "events": backlog,
         "runs": runs,
         "max_parallel_runs": fast.max_parallel_runs,
-        "seconds": round(elapsed, 3),
-        "events_per_s": round(backlog / elapsed, 1),
+        "seconds": round(done - started, 3),
+        "events_per_s": round(backlog / (done - started), 1),
         "includes": "the delivery process's start (its index of the log)",
+        "start_seconds": round(ready - started, 3),
+        "events_per_s_after_start": round(backlog / (done - ready), 1),
     }
 
 
@@ -416,11 +447,13 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
         with tempfile.TemporaryDirectory(dir=args.dir) as tmp:
             base = Path(tmp)
             log(f"throughput: {args.backlog} events in {args.runs} runs")
-            result_throughput = await throughput(base, url, args.backlog, args.runs)
+            result_throughput = await throughput(
+                base, url, args.backlog, args.runs, args.compare_thread
+            )
             log(f"throughput: {result_throughput}")
-            latency = {
+            latency = {  # --rounds 0: the throughput only
                 workload: await confirm_latency(base, url, args, workload)
-                for workload in args.workloads
+                for workload in (args.workloads if args.rounds > 0 else [])
             }
     finally:
         assert child.stdin is not None
