@@ -34,6 +34,7 @@ from registry.events import Event, EventType, NewEvent, now_ms
 from registry.pg.batches import FencedError
 from registry.pg.schema import MIGRATIONS, SchemaTooNewError, migrate
 from registry.pg.timeline import ClusterTimeline, ClusterTimelineConfig
+from registry.pg.webhook_store import RunKey, WebhookStore
 from registry.runs import DEFAULT_DELETED_RETENTION, ClaimKind
 from tests.support.eventually import eventually
 from tests.support.pg_commit_cutter import CommitCutter, proxied_url
@@ -121,7 +122,8 @@ async def test_version_5_gives_every_run_row_its_own_incarnation_and_each_cursor
 ) -> None:
     """A store at version 4 with runs and webhook cursors, migrated to 5: every run row gets
     an incarnation no other row has, every cursor row its run row's (so no cursor stops
-    counting, and nothing is sent again), and a cursor row whose run is gone gets 0."""
+    counting, and nothing is sent again), and a cursor row whose run is gone gets 0; a row
+    written without the column (a node still on version 4) counts for its run."""
     conn = await asyncpg.connect(cluster_store)
     try:
         assert await migrate(conn, MIGRATIONS[:4]) == 4
@@ -146,11 +148,25 @@ async def test_version_5_gives_every_run_row_its_own_incarnation_and_each_cursor
         }
         # A row made after the migration takes the next number.
         await conn.execute(
-            "INSERT INTO whip_runs (run_id, principal, created_ms, last_activity_ms)"
-            " VALUES ('later', 'p', 1, 1)"
+            "INSERT INTO whip_runs (run_id, principal, created_ms, last_activity_ms, last_seq)"
+            " VALUES ('later', 'p', 1, 1, 3), ('lagging', 'p', 1, 1, 3)"
         )
         later = await conn.fetchval("SELECT incarnation FROM whip_runs WHERE run_id = 'later'")
         assert later > max(incarnations.values())
+        # A node still on version 4 (a rolling upgrade) writes cursor rows without the
+        # column: they count for their runs, as before (no history sent again).
+        await conn.execute(
+            "INSERT INTO whip_webhook_cursors (webhook, run_id, done_seq)"
+            " VALUES ('w', 'later', 3), ('w', 'lagging', 1)"
+        )
+        pool = await asyncpg.create_pool(cluster_store, min_size=1, max_size=1)
+        try:
+            behind = await WebhookStore(pool).behind("w", 100)
+        finally:
+            await pool.close()
+        lagging = await conn.fetchval("SELECT incarnation FROM whip_runs WHERE run_id = 'lagging'")
+        new_runs = {key: done for key, done in behind.items() if key.run_id in ("later", "lagging")}
+        assert new_runs == {RunKey("lagging", lagging): 1}
     finally:
         await conn.close()
 

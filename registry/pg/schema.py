@@ -155,14 +155,16 @@ MIGRATIONS: tuple[str, ...] = (
     # gets a number no row ever had (existing rows one each, here), and each cursor row the
     # number of the row it was saved for, so a cursor of the evicted run cannot count for
     # the new one. Existing cursor rows take their run row's number; a row whose run is gone
-    # keeps 0 (an orphan, pruned).
+    # gets 0 (an orphan, pruned). The cursor column has no default: a row that a node still
+    # on version 4 writes during a rolling upgrade is NULL and counts for its run as before.
     """
     CREATE SEQUENCE whip_run_incarnations;
     ALTER TABLE whip_runs
         ADD COLUMN incarnation bigint NOT NULL DEFAULT nextval('whip_run_incarnations');
-    ALTER TABLE whip_webhook_cursors ADD COLUMN incarnation bigint NOT NULL DEFAULT 0;
+    ALTER TABLE whip_webhook_cursors ADD COLUMN incarnation bigint;
     UPDATE whip_webhook_cursors c SET incarnation = r.incarnation
         FROM whip_runs r WHERE r.run_id = c.run_id;
+    UPDATE whip_webhook_cursors SET incarnation = 0 WHERE incarnation IS NULL;
     """,
 )
 """Forward migrations, oldest first (append only; never edit a released one)."""

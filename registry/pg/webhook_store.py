@@ -31,6 +31,10 @@ Incarnations (a run id made again):
   it was saved for. A cursor row counts only for the run row of its incarnation: left over
   from an evicted run (not yet pruned), it does not mark the new row's events done. Without
   that, the new ``run_deleted`` would be read as delivered and never sent.
+- A cursor row without an incarnation (NULL) was written by a node still on schema
+  version 4 during a rolling upgrade (its SQL does not name the column): it counts for the
+  run row whatever its incarnation, as every row did before. Counting it for none would make
+  such a node's new webhook (its cursors at the cluster's end) send the whole history.
 - The deliverer keys what it moved by :class:`RunKey` (id and incarnation), as
   :meth:`WebhookStore.behind` gives them. A save for an older incarnation than the row's
   changes nothing, one for a newer incarnation replaces the row (a row never counts for two
@@ -135,6 +139,10 @@ PRUNE_BATCH = 1000
 """Cursor rows one prune removes at most (it is called again while it finds a full batch)."""
 
 
+SAME_RUN_SQL = "(c.incarnation IS NULL OR c.incarnation = r.incarnation)"
+"""The cursor row ``c`` counts for the run row ``r`` (module doc, "Incarnations")."""
+
+
 def done_sql(name: str) -> str:
     """The SQL of a run's cursor for the webhook named by parameter ``name`` (module doc),
     with ``r`` the run row and ``c`` the cursor row joined by :func:`cursor_join_sql` (or NULLs)."""
@@ -146,7 +154,7 @@ def cursor_join_sql(name: str) -> str:
     ``name``: the row of the same run id *and* incarnation (module doc, "Incarnations")."""
     return (
         f" LEFT JOIN whip_webhook_cursors c ON c.webhook = {name} AND c.run_id = r.run_id"
-        " AND c.incarnation = r.incarnation"
+        f" AND {SAME_RUN_SQL}"
     )
 
 
@@ -355,11 +363,13 @@ class WebhookStore:
                     " SELECT $1, * FROM unnest($2::text[], $3::bigint[], $4::bigint[])"
                     " ON CONFLICT (webhook, run_id) DO UPDATE"
                     " SET done_seq = CASE"
-                    "  WHEN whip_webhook_cursors.incarnation = EXCLUDED.incarnation"
+                    "  WHEN whip_webhook_cursors.incarnation IS NULL"
+                    "  OR whip_webhook_cursors.incarnation = EXCLUDED.incarnation"
                     "  THEN GREATEST(whip_webhook_cursors.done_seq, EXCLUDED.done_seq)"
                     "  ELSE EXCLUDED.done_seq END,"
                     " incarnation = EXCLUDED.incarnation"
-                    " WHERE whip_webhook_cursors.incarnation <= EXCLUDED.incarnation",
+                    " WHERE whip_webhook_cursors.incarnation IS NULL"
+                    " OR whip_webhook_cursors.incarnation <= EXCLUDED.incarnation",
                     name,
                     [key.run_id for key in done],
                     [key.incarnation for key in done],
@@ -385,7 +395,7 @@ class WebhookStore:
             folded = await conn.fetchval(
                 "WITH done AS ("
                 "  SELECT c.run_id, c.done_seq FROM whip_webhook_cursors c"
-                "  JOIN whip_runs r ON r.run_id = c.run_id AND r.incarnation = c.incarnation"
+                f"  JOIN whip_runs r ON r.run_id = c.run_id AND {SAME_RUN_SQL}"
                 "  WHERE c.webhook = $1 AND r.deleted_seq IS NOT NULL"
                 "  AND GREATEST(c.done_seq, COALESCE((r.webhook_done ->> $1)::bigint, 0))"
                 "  >= r.last_seq"
@@ -406,7 +416,7 @@ class WebhookStore:
                 "WITH gone AS (DELETE FROM whip_webhook_cursors WHERE webhook = $1"
                 " AND run_id IN (SELECT c.run_id FROM whip_webhook_cursors c"
                 "  WHERE c.webhook = $1 AND NOT EXISTS (SELECT 1 FROM whip_runs r"
-                "   WHERE r.run_id = c.run_id AND r.incarnation = c.incarnation) LIMIT $2)"
+                f"   WHERE r.run_id = c.run_id AND {SAME_RUN_SQL}) LIMIT $2)"
                 " RETURNING 1) SELECT count(*) FROM gone",
                 name,
                 limit,
