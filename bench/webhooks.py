@@ -42,6 +42,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import itertools
 import json
 import os
@@ -50,6 +51,7 @@ import statistics
 import sys
 import tempfile
 import time
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -175,18 +177,28 @@ async def thread_throughput(
     store = FileCursorStore(cursors)
     await store.save("fast-thread", CursorState(0))
     dispatcher = WebhookDispatcher(webhook("fast-thread", url), timeline, store)
-    group = WebhookGroup([dispatcher], timeline, attempts=AttemptProcess("uvloop"))
+    started = time.perf_counter()
+    async with on_delivery_thread([dispatcher], timeline):
+        await wait_cursor(dispatcher, last_seq, 600)
+        elapsed = time.perf_counter() - started
+    return {"thread_events_per_s": round(last_seq / elapsed, 1)}
+
+
+@contextlib.asynccontextmanager
+async def on_delivery_thread(
+    dispatchers: list[WebhookDispatcher], timeline: Timeline
+) -> AsyncIterator[None]:
+    """The design before the delivery process, running: ``dispatchers`` in a group on a
+    delivery thread of this process, their attempts in the attempt child; closed on exit."""
+    group = WebhookGroup(dispatchers, timeline, attempts=AttemptProcess("uvloop"))
     thread = DeliveryThread("uvloop")
     await thread.start()
     try:
-        started = time.perf_counter()
         await thread.run(group.start())
-        await wait_cursor(dispatcher, last_seq, 600)
-        elapsed = time.perf_counter() - started
+        yield
         await thread.run(group.aclose())
     finally:
         await thread.stop()
-    return {"thread_events_per_s": round(last_seq / elapsed, 1)}
 
 
 async def throughput(
@@ -358,17 +370,10 @@ async def round_with_thread(
         WebhookDispatcher(webhook(f"r{round_id}-thread{n:02d}", url), timeline, store)
         for n in range(count)
     ]
-    group = WebhookGroup(dispatchers, timeline, attempts=AttemptProcess("uvloop"))
-    thread = DeliveryThread("uvloop")
-    await thread.start()
-    try:
-        await thread.run(group.start())
+    async with on_delivery_thread(dispatchers, timeline):
         latencies: list[float] = await load(timeline, appends, producers)
         for d in dispatchers:
             await wait_cursor(d, timeline.durable_seq, 600)
-        await thread.run(group.aclose())
-    finally:
-        await thread.stop()
     return latencies
 
 
