@@ -18,7 +18,7 @@
   deliverers (never the server's loop).
 - :mod:`whip.webhooks.child_pipes`: how both child processes are started, and their frames.
 - :mod:`whip.webhooks.attempt_process`: the child process cluster mode's HTTP attempts
-  are made in (the aiohttp client off the server's GIL).
+  are made in (the HTTP client off the server's GIL).
 - :mod:`whip.webhooks.cluster_delivery`: cluster mode's deliverer: the cursors and the
   delivery lease in the store (:mod:`registry.pg.webhook_store`), one node at a time.
 - :mod:`whip.webhooks.cluster_service`: cluster mode's deliverers on the delivery thread,

@@ -1,8 +1,9 @@
-"""The webhooks' HTTP attempts in a child process: the aiohttp client off the server's GIL.
+"""The webhooks' HTTP attempts in a child process: the HTTP client off the server's GIL.
 
-Why: a delivery attempt costs its loop a few hundred microseconds of CPU in aiohttp's
-client (request, connection pool, response parser); everything else a delivery does
-(the warm read, the body, the signature, the cursor) is a fraction of that. On the
+Why: a delivery attempt costs its loop about a hundred microseconds of CPU in the HTTP
+client (:mod:`whip.webhooks.http_client`: request, connection, response parser; it was a
+few hundred with aiohttp's); everything else a delivery does (the warm read, the body,
+the signature, the cursor) is less than that. On the
 delivery thread those microseconds are spent holding the GIL that the appends'
 confirmations need, in bursts of one request per webhook for each wanted event. Here the
 child process spends them on its own interpreter; the delivery thread only writes a
@@ -17,7 +18,7 @@ Rules:
   state but its HTTP clients, so cursor semantics, order per run, at-least-once, the
   status and the metrics are the dispatchers' as before.
 - One child per :class:`AttemptProcess` (one per delivery loop), started by
-  :meth:`AttemptProcess.start` (or the first attempt); in it, one aiohttp client per
+  :meth:`AttemptProcess.start` (or the first attempt); in it, one HTTP client per
   webhook name with that webhook's connection limit
   (:func:`~whip.webhooks.delivery.new_http_session`), so a slow receiver still holds up
   only its own webhook.
@@ -46,8 +47,6 @@ import subprocess
 import sys
 from typing import Any, Final
 
-import aiohttp
-
 from whip.eventloop import EventLoopKind, new_event_loop
 from whip.webhooks.child_pipes import (
     FrameReader,
@@ -59,12 +58,13 @@ from whip.webhooks.child_pipes import (
 )
 from whip.webhooks.config import WebhookConfig
 from whip.webhooks.delivery import OUTCOMES, Attempt, attempt, new_http_session
+from whip.webhooks.http_client import HttpClient
 
 logger = logging.getLogger(__name__)
 
 EXIT_DEADLINE_S: Final = 5.0
 START_DEADLINE_S: Final = 30.0
-"""Bound on a child's start, to its ready frame (an import of aiohttp on a loaded host)."""
+"""Bound on a child's start, to its ready frame (the imports on a loaded host)."""
 
 
 class _ChildProtocol(asyncio.Protocol):
@@ -247,7 +247,7 @@ class AttemptProcess:
 async def serve() -> None:
     """The child: attempts from stdin, answers on stdout, until stdin closes."""
     loop = asyncio.get_running_loop()
-    sessions: dict[str, aiohttp.ClientSession] = {}
+    sessions: dict[str, HttpClient] = {}
     tasks: dict[int, asyncio.Task[None]] = {}
     ended = asyncio.Event()
     writer = await answers_out(loop)

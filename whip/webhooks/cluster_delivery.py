@@ -28,7 +28,7 @@ Rules (the store's side, the cursor rule and the lease, are in
   cancels every run task as soon as it sees the node fenced or a save refused.
 - Attempts: in the node's attempt child (:attr:`ClusterWebhookDeliverer.sender`, set by
   :mod:`whip.webhooks.cluster_service` before the start), else on this loop with its own
-  aiohttp client.
+  HTTP client (:mod:`whip.webhooks.http_client`).
 - 410 Gone: the webhook is disabled durably (the mark in the store names the URL; every
   node then stands by, across restarts, until another URL is configured), logged.
 - Owned by one loop (the webhooks' delivery thread in the server): every field is written
@@ -61,7 +61,6 @@ import time
 from collections.abc import Callable
 from typing import NoReturn
 
-import aiohttp
 import asyncpg
 
 from registry.events import Event
@@ -80,6 +79,7 @@ from registry.pg.webhook_store import (
 from whip.webhooks.attempt_process import AttemptProcess
 from whip.webhooks.config import WebhookConfig
 from whip.webhooks.delivery import Attempt, attempt, new_http_session, shown_url
+from whip.webhooks.http_client import HttpClient
 from whip.webhooks.send_loop import SendLoop
 from whip.webhooks.signing import message_id
 
@@ -137,7 +137,7 @@ class ClusterWebhookDeliverer(SendLoop):
         self._slots: dict[RunKey, asyncio.Task[None]] = {}
         self._lead: asyncio.Task[None] | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
-        self._http: aiohttp.ClientSession | None = None
+        self._http: HttpClient | None = None
         self.sender: AttemptProcess | None = None
         """Where the attempts are made (set before :meth:`start`; None: on this loop)."""
         self._open = False

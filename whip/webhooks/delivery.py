@@ -11,7 +11,8 @@ Rules:
   webhook's ``timeout_s``, so a receiver that never answers or never ends its body costs
   at most that. At most :data:`MAX_RESPONSE_BYTES` of the body are read (the first ones
   become the error text of a failure); a longer body is not drained: the connection is
-  closed. Bodies are not decompressed. Header sizes are aiohttp's client limits.
+  closed. Bodies are not decompressed. The client is :mod:`whip.webhooks.http_client`
+  (keep-alive connections, at most the webhook's ``max_parallel_runs``).
 - Outcomes are a closed set (:data:`OUTCOMES`): they label the delivery counter.
 - Retry delays (:func:`retry_delay`): the n-th consecutive failure waits ``retry_min_s *
   2**(n-1)``, capped at ``retry_max_s``, jittered down by up to half, never below
@@ -29,7 +30,7 @@ from dataclasses import dataclass
 from typing import Final, Literal
 from urllib.parse import urlsplit, urlunsplit
 
-import aiohttp
+from whip.webhooks.http_client import HttpClient
 
 MAX_RESPONSE_BYTES: Final = 16 * 1024
 ERROR_TEXT_CHARS: Final = 200
@@ -57,33 +58,14 @@ def shown_url(url: str) -> str:
     return urlunsplit((parts.scheme, parts.netloc, parts.path, "", ""))
 
 
-def new_http_session(parallel: int) -> aiohttp.ClientSession:
+def new_http_session(parallel: int) -> HttpClient:
     """A webhook's own HTTP client: at most ``parallel`` connections, no cookies, no
-    proxies from the environment, no decompression."""
-    return aiohttp.ClientSession(
-        connector=aiohttp.TCPConnector(limit=parallel, limit_per_host=parallel),
-        cookie_jar=aiohttp.DummyCookieJar(),
-        auto_decompress=False,
-        trust_env=False,
-        headers={"User-Agent": "whip-ingest-webhooks/1"},
-    )
-
-
-async def _read_bounded(response: aiohttp.ClientResponse) -> tuple[bytes, bool]:
-    """Up to :data:`MAX_RESPONSE_BYTES` of the body, and whether that was all of it."""
-    chunks: list[bytes] = []
-    size = 0
-    while size < MAX_RESPONSE_BYTES:
-        chunk = await response.content.read(MAX_RESPONSE_BYTES - size)
-        if not chunk:
-            return b"".join(chunks), True
-        chunks.append(chunk)
-        size += len(chunk)
-    return b"".join(chunks), response.content.at_eof()
+    proxies, no decompression, no redirects followed."""
+    return HttpClient(parallel)
 
 
 async def attempt(
-    http: aiohttp.ClientSession,
+    http: HttpClient,
     url: str,
     body: bytes,
     headers: dict[str, str],
@@ -95,25 +77,20 @@ async def attempt(
     """
     try:
         async with asyncio.timeout(timeout_s):
-            async with http.post(
-                url, data=body, headers=headers, allow_redirects=False
-            ) as response:
-                status = response.status
-                text, whole = await _read_bounded(response)
-                if not whole:
-                    response.close()  # do not drain an unbounded body
+            answer = await http.post(url, body, headers, MAX_RESPONSE_BYTES)
     except TimeoutError:
         return Attempt("timeout", error=f"no complete answer within {timeout_s:g} s")
-    except (aiohttp.ClientError, OSError, ValueError) as exc:
+    except (OSError, ValueError) as exc:
         detail = f"{type(exc).__name__}: {exc}".replace(url, shown_url(url))
         return Attempt("error", error=detail[:ERROR_TEXT_CHARS])
+    status = answer.status
     if 200 <= status < 300:
         return Attempt("success", status)
     if status == 410:
         return Attempt("gone", status, "410 Gone: the receiver asked to be disabled")
     if 300 <= status < 400:
         return Attempt("redirect", status, f"{status} redirect not followed")
-    snippet = text[:ERROR_TEXT_CHARS].decode("utf-8", "replace")
+    snippet = answer.body[:ERROR_TEXT_CHARS].decode("utf-8", "replace")
     return Attempt("failed", status, f"HTTP {status}: {snippet}" if snippet else f"HTTP {status}")
 
 

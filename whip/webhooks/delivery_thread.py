@@ -1,6 +1,6 @@
 """The webhooks' own event loop, on its own thread: where every dispatcher runs.
 
-Why: a delivery costs its loop about a millisecond of CPU (aiohttp's client, signing,
+Why: a delivery costs its loop about a millisecond of CPU (the HTTP client, signing,
 reading the timeline). On the server's loop that millisecond is spent between the
 appends' confirmations; on a loop of their own, the webhooks share only the GIL with
 ingest, which the interpreter hands over at least every switch interval, and the

@@ -54,8 +54,6 @@ from collections import deque
 from dataclasses import dataclass
 from typing import NoReturn
 
-import aiohttp
-
 from registry.errors import UnknownRunError
 from registry.events import Event
 from registry.webhook_mark import DisabledMark
@@ -64,6 +62,7 @@ from whip.webhooks.config import WebhookConfig
 from whip.webhooks.cursor import DEFAULT_MAX_AHEAD, CursorState, CursorStore, DeliveryLedger
 from whip.webhooks.delivery import Attempt, attempt, new_http_session, shown_url
 from whip.webhooks.followed_log import DeliveredLog
+from whip.webhooks.http_client import HttpClient
 from whip.webhooks.send_loop import SendLoop
 
 logger = logging.getLogger(__name__)
@@ -110,7 +109,7 @@ class WebhookDispatcher(SendLoop):
         self._tasks: list[asyncio.Task[None]] = []
         self._changed = asyncio.Event()
         self._saved_changes = -1
-        self._http: aiohttp.ClientSession | None = None
+        self._http: HttpClient | None = None
         self.sender: AttemptProcess | None = None
         """Where the attempts are made (set before :meth:`start`; None: on this loop)."""
         self._started = False

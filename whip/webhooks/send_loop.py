@@ -6,7 +6,7 @@ record of outcomes that both deliverers share (the embedded
 :class:`SendLoop` is their base. Per event: sign (the same ``webhook-id`` on every try, a
 fresh ``webhook-timestamp`` each), ask the deliverer whether it may still send (its check
 raises to stop, and returns what its 410 step needs: the cluster's delivery lease), make
-one attempt (the deliverer's way: the attempt child, or an aiohttp client), record it, and
+one attempt (the deliverer's way: the attempt child, or an HTTP client), record it, and
 on a 2xx return; a 410 goes to the deliverer's ``gone`` step, which makes the disable
 durable its own way and raises; any other failure waits :func:`retry_delay` (exponential
 with jitter) and tries again. The run's in-flight mark (``_in_delivery``, the lag's
