@@ -92,12 +92,53 @@ def percentiles(samples: list[float]) -> dict[str, float]:
     }
 
 
+class RawReceiver(asyncio.Protocol):
+    """``--receiver raw``: each request read to the end of its ``Content-Length`` body and
+    answered 204 on the same connection, nothing else (what a receiver written in a
+    compiled language costs, about what the server's host would never see)."""
+
+    def __init__(self) -> None:
+        self.buffer = bytearray()
+        self.transport: asyncio.Transport | None = None
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = transport  # type: ignore[assignment]
+
+    def data_received(self, data: bytes) -> None:
+        self.buffer += data
+        answers = 0
+        while True:
+            end = self.buffer.find(b"\r\n\r\n")
+            if end < 0:
+                break
+            head = bytes(self.buffer[:end]).lower()
+            at = head.find(b"content-length:")
+            length = int(head[at + 15 :].split(b"\r\n", 1)[0]) if at >= 0 else 0
+            if len(self.buffer) < end + 4 + length:
+                break
+            del self.buffer[: end + 4 + length]
+            answers += 1
+        if answers and self.transport is not None:
+            self.transport.write(b"HTTP/1.1 204 No Content\r\n\r\n" * answers)
+
+
+async def serve_raw_receiver() -> None:
+    """``--receiver raw`` in the child process (as :func:`serve_receiver`)."""
+    server = await asyncio.get_running_loop().create_server(RawReceiver, "127.0.0.1", 0)
+    print(server.sockets[0].getsockname()[1], flush=True)
+    await asyncio.to_thread(sys.stdin.read)
+    server.close()
+
+
 async def serve_receiver() -> None:
     """The child process: answer 204 to every POST on 127.0.0.1; print the port; run
     until stdin closes (the parent exits or closes it)."""
 
     if RECEIVER_NICE[0]:
         os.nice(RECEIVER_NICE[0])
+    if RECEIVER[0] == "raw":
+        await serve_raw_receiver()
+        return
 
     async def accept(request: web.Request) -> web.Response:
         await request.read()
@@ -123,6 +164,7 @@ async def fast_receiver() -> tuple[asyncio.subprocess.Process, str]:
         __file__,
         "--serve-receiver",
         f"--receiver-nice={RECEIVER_NICE[0]}",
+        f"--receiver={RECEIVER[0]}",
         stdin=asyncio.subprocess.PIPE,
         stdout=asyncio.subprocess.PIPE,
     )
@@ -316,6 +358,9 @@ def off_server_core(pid: int) -> None:
         os.sched_setaffinity(pid, set(range(1, os.cpu_count() or 2)))
 
 
+RECEIVER = ["aiohttp"]
+"""``--receiver``: ``aiohttp`` (an aiohttp server, a Python receiver's cost) or ``raw``
+(:class:`RawReceiver`: a receiver that costs little, as one in a compiled language)."""
 RECEIVER_NICE = [0]
 """``--receiver-nice``: the receiver's CPU priority below the server's (a real receiver
 runs on another host; on a 2-core bench host it competes with the server for the cores)."""
@@ -474,6 +519,7 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
         "confirm_latency": latency,
         "ingest_mix_rate_per_s": MIX_RATE_PER_S[0],
         "every_event_paced_rate_per_s": PACED_RATE_PER_S[0],
+        "receiver": RECEIVER[0],
         "receiver_nice": RECEIVER_NICE[0],
         "split_cores": SPLIT_CORES[0],
         "delivery": "process" + (" and thread (compared)" if args.compare_thread else ""),
@@ -509,6 +555,12 @@ def parse_args() -> argparse.Namespace:
         help="run the receiver this much nicer than the server (0: the same priority)",
     )
     parser.add_argument(
+        "--receiver",
+        choices=("aiohttp", "raw"),
+        default="aiohttp",
+        help="the receiver: an aiohttp server, or a bare protocol answering 204 (cheaper)",
+    )
+    parser.add_argument(
         "--split-cores",
         action="store_true",
         help="diagnostic: this process on core 0, the delivery process and receiver elsewhere",
@@ -525,6 +577,7 @@ if __name__ == "__main__":
     MIX_RATE_PER_S[0] = arguments.mix_rate
     PACED_RATE_PER_S[0] = arguments.paced_rate
     RECEIVER_NICE[0] = arguments.receiver_nice
+    RECEIVER[0] = arguments.receiver
     SPLIT_CORES[0] = arguments.split_cores
     if arguments.serve_receiver:
         asyncio.run(serve_receiver())
