@@ -54,6 +54,7 @@ class ScriptedReceiver:
     """The answer to the n-th request (a list: pieces written 50 ms apart) and what then."""
     delay_s: float = 0.0
     tls: ssl.SSLContext | None = None
+    bind: str = "127.0.0.1"
     requests: list[Request] = field(default_factory=list)
     connections: int = 0
     open_now: int = 0
@@ -63,7 +64,7 @@ class ScriptedReceiver:
     _writers: set[asyncio.StreamWriter] = field(default_factory=set)
 
     async def __aenter__(self) -> ScriptedReceiver:
-        self._server = await asyncio.start_server(self._serve, "127.0.0.1", 0, ssl=self.tls)
+        self._server = await asyncio.start_server(self._serve, self.bind, 0, ssl=self.tls)
         return self
 
     async def __aexit__(self, *exc: object) -> None:
@@ -76,6 +77,7 @@ class ScriptedReceiver:
     def url(self, path: str = "/hook?k=1", host: str = "127.0.0.1") -> str:
         assert self._server is not None
         port = self._server.sockets[0].getsockname()[1]
+        host = f"[{host}]" if ":" in host else host
         scheme = "https" if self.tls is not None else "http"
         return f"{scheme}://{host}:{port}{path}"
 
@@ -137,6 +139,16 @@ async def test_requests_carry_the_webhook_and_one_connection_carries_them_all() 
     assert b"content-type: application/json" in lines and b"webhook-id: run-1:1" in lines
     assert not any(line.lower().startswith(b"accept-encoding") for line in lines)
     assert [r.body for r in receiver.requests] == [b'{"n":%d}' % n for n in range(30)]
+
+
+async def test_an_ipv6_literal_is_connected_to_and_named_in_brackets() -> None:
+    async with ScriptedReceiver(bind="::1") as receiver:
+        http = HttpClient(1)
+        url = receiver.url(host="::1")
+        assert (await http.post(url, b"6", HEADERS, 1024)).status == 204
+        await http.close()
+    port = url.split("]:")[1].split("/")[0]
+    assert f"Host: [::1]:{port}".encode() in receiver.requests[0].head.split(b"\r\n")
 
 
 async def test_no_more_connections_than_parallel_and_every_request_answered() -> None:
