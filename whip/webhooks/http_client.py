@@ -150,19 +150,24 @@ class _Connection(asyncio.Protocol):
         finally:
             self._waiter = None
 
-    async def line(self, limit: int) -> bytes:
-        """One CRLF-ended line (without it), at most ``limit`` bytes."""
+    async def until(self, separator: bytes, limit: int, what: str) -> bytes:
+        """The bytes before ``separator`` (both taken from the buffer); a ProtocolError
+        naming ``what`` when more than ``limit`` bytes come without it."""
         start = 0
         while True:
-            end = self.buffer.find(b"\r\n", start)
+            end = self.buffer.find(separator, start)
             if end >= 0:
-                line = bytes(self.buffer[:end])
-                del self.buffer[: end + 2]
-                return line
+                found = bytes(self.buffer[:end])
+                del self.buffer[: end + len(separator)]
+                return found
             if len(self.buffer) > limit:
-                raise ProtocolError(f"a line of the answer is over {limit} bytes")
-            start = max(0, len(self.buffer) - 1)
+                raise ProtocolError(f"{what} of the answer is over {limit} bytes")
+            start = max(0, len(self.buffer) - len(separator) + 1)
             await self.more()
+
+    async def line(self, limit: int) -> bytes:
+        """One CRLF-ended line (without it), at most ``limit`` bytes."""
+        return await self.until(b"\r\n", limit, "a line")
 
     async def exactly(self, size: int) -> bytes:
         while len(self.buffer) < size:
@@ -183,25 +188,11 @@ class _Head:
 async def _read_head(conn: _Connection) -> _Head:
     """The status line and headers of the final (non-1xx) answer."""
     while True:
-        head = await _head_bytes(conn)
+        head = await conn.until(b"\r\n\r\n", MAX_HEAD_BYTES, "the status line and headers")
         parsed = _parse_head(head)
         if 100 <= parsed.status < 200 and parsed.status != 101:
             continue
         return parsed
-
-
-async def _head_bytes(conn: _Connection) -> bytes:
-    start = 0
-    while True:
-        end = conn.buffer.find(b"\r\n\r\n", start)
-        if end >= 0:
-            head = bytes(conn.buffer[:end])
-            del conn.buffer[: end + 4]
-            return head
-        if len(conn.buffer) > MAX_HEAD_BYTES:
-            raise ProtocolError(f"the answer's headers are over {MAX_HEAD_BYTES} bytes")
-        start = max(0, len(conn.buffer) - 3)
-        await conn.more()
 
 
 def _parse_head(head: bytes) -> _Head:
