@@ -27,10 +27,10 @@ Rules:
   or the connection's end. A longer body is not drained: the connection is closed.
   Bodies are not decompressed (no ``Accept-Encoding`` is sent).
 - **Requests**: ``POST`` with ``Host``, ``User-Agent``, ``Content-Length`` and the
-  caller's headers; a header name or value with CR, LF or NUL is a ``ValueError`` before
-  anything is sent. No proxies, no cookies, no redirects followed (a 3xx is an answer like
-  any other). ``https`` URLs use the default TLS context (certificates and host name
-  verified) or the one given.
+  caller's headers; a header name or value with CR, LF or NUL (or a name with a colon)
+  is a ``ValueError`` before anything is sent. No proxies, no cookies, no redirects
+  followed (a 3xx is an answer like any other). ``https`` URLs use the default TLS
+  context (certificates and host name verified) or the one given.
 - **Errors**: what the network does is an :class:`OSError` (the end of the connection
   before a complete answer: :class:`ConnectionError`; TLS: :class:`ssl.SSLError`); what
   the receiver sends that is not HTTP/1.x is a :class:`ProtocolError` (a ``ValueError``).
@@ -78,6 +78,11 @@ class _Origin:
     port: int
     host_header: str
     target: str
+
+    @property
+    def pool(self) -> tuple[bool, str, int]:
+        """What a kept connection can be reused for: the scheme, host and port."""
+        return self.secure, self.host, self.port
 
 
 def _origin(url: str) -> _Origin:
@@ -316,7 +321,7 @@ class HttpClient:
         return "\r\n".join(lines).encode("latin-1") + body
 
     def _idle_connection(self, origin: _Origin) -> _Connection | None:
-        idle = self._idle.get((origin.secure, origin.host, origin.port))
+        idle = self._idle.get(origin.pool)
         if not idle:
             return None
         now = asyncio.get_running_loop().time()
@@ -364,9 +369,7 @@ class HttpClient:
         finally:
             if keep and not self._closed and not conn.lost:
                 conn.idle_since = asyncio.get_running_loop().time()
-                self._idle.setdefault((origin.secure, origin.host, origin.port), deque()).append(
-                    conn
-                )
+                self._idle.setdefault(origin.pool, deque()).append(conn)
             else:
                 conn.abort()
 
