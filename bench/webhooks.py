@@ -9,7 +9,10 @@ aiohttp receiver on 127.0.0.1 in another child process (its own CPU, as a real
 receiver's) that answers 204 at once and checks nothing (the receiver's cost is not the
 server's). ``--compare-thread`` adds, in the same rounds, the design before it: the
 dispatchers on a thread of this process (:mod:`whip.webhooks.delivery_thread`) with their
-HTTP attempts in :mod:`whip.webhooks.attempt_process`.
+HTTP attempts in :mod:`whip.webhooks.attempt_process`. ``--compare-nice`` adds the
+delivery process kept at ``nice`` (mode ``nice``) against the default, whose governor puts
+it at ``SCHED_IDLE`` while it keeps up (:mod:`whip.webhooks.child_priority`; each round's
+``delivery_process_cpu`` entry says which it was and how often it starved).
 
 Sections:
 
@@ -367,12 +370,23 @@ runs on another host; on a 2-core bench host it competes with the server for the
 
 
 async def round_with_process(
-    timeline: Timeline, base: Path, url: str, count: int, load: Any, appends: int, producers: int
+    timeline: Timeline,
+    base: Path,
+    url: str,
+    count: int,
+    load: Any,
+    appends: int,
+    producers: int,
+    *,
+    sched_idle: bool = True,
 ) -> list[float]:
-    """One measured window with ``count`` webhooks in the delivery process."""
+    """One measured window with ``count`` webhooks in the delivery process (``sched_idle``
+    false: kept at ``nice``, whatever its governor would do)."""
     round_id = next(ROUND_IDS)
     hooks = [webhook(f"r{round_id}-hook{n:02d}", url) for n in range(count)]
-    delivery = DeliveryProcess(hooks, timeline, base, "uvloop", gather_s=FEED_GATHER_S)
+    delivery = DeliveryProcess(
+        hooks, timeline, base, "uvloop", gather_s=FEED_GATHER_S, sched_idle=sched_idle
+    )
     await delivery.start()
     assert delivery.pid is not None
     off_server_core(delivery.pid)
@@ -382,7 +396,14 @@ async def round_with_process(
         await wait_remote_cursors(delivery, timeline.durable_seq, 600)
         cpu = process_cpu_s(delivery.pid) - cpu_before
         successes = sum(remote.outcomes["success"] for remote in delivery.webhooks)
-        CHILD_CPU.append({"cpu_s": round(cpu, 3), "deliveries": successes})
+        CHILD_CPU.append(
+            {
+                "cpu_s": round(cpu, 3),
+                "deliveries": successes,
+                "sched_idle": sched_idle,
+                "starvations": delivery.governor.starvations,
+            }
+        )
     finally:
         await delivery.aclose()
     return latencies
@@ -433,7 +454,11 @@ async def confirm_latency(
     cursors = base / workload / "webhooks"
     load = WORKLOADS[workload]
     appends, producers, webhooks = args.appends, args.producers, args.webhooks
-    modes = ["none", "webhooks"] + (["thread"] if args.compare_thread else [])
+    modes = (
+        ["none", "webhooks"]
+        + (["nice"] if args.compare_nice else [])
+        + (["thread"] if args.compare_thread else [])
+    )
     rounds: list[dict[str, Any]] = []
     pooled: dict[str, list[float]] = {mode: [] for mode in modes}
     try:
@@ -444,9 +469,16 @@ async def confirm_latency(
             for mode in order:
                 if mode == "none":
                     latencies = await load(timeline, appends, producers)
-                elif mode == "webhooks":
+                elif mode in ("webhooks", "nice"):
                     latencies = await round_with_process(
-                        timeline, cursors / "process", url, webhooks, load, appends, producers
+                        timeline,
+                        cursors / "process",
+                        url,
+                        webhooks,
+                        load,
+                        appends,
+                        producers,
+                        sched_idle=mode == "webhooks",
                     )
                 else:
                     latencies = await round_with_thread(
@@ -456,6 +488,7 @@ async def confirm_latency(
                 pooled[mode] += latencies
             for mode in modes[1:]:
                 figures[f"added_p50_percent_{mode}"] = added(figures, mode, "p50_ms")
+                figures[f"added_p90_percent_{mode}"] = added(figures, mode, "p90_ms")
                 figures[f"added_p99_percent_{mode}"] = added(figures, mode, "p99_ms")
                 figures[f"added_mean_percent_{mode}"] = added(figures, mode, "mean_ms")
             rounds.append({"order": list(order), **figures})
@@ -522,7 +555,9 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
         "receiver": RECEIVER[0],
         "receiver_nice": RECEIVER_NICE[0],
         "split_cores": SPLIT_CORES[0],
-        "delivery": "process" + (" and thread (compared)" if args.compare_thread else ""),
+        "delivery": "process"
+        + (", kept at nice (compared)" if args.compare_nice else "")
+        + (" and thread (compared)" if args.compare_thread else ""),
     }
 
 
@@ -547,6 +582,11 @@ def parse_args() -> argparse.Namespace:
         "--compare-thread",
         action="store_true",
         help="also the dispatchers on a thread of this process (the design before)",
+    )
+    parser.add_argument(
+        "--compare-nice",
+        action="store_true",
+        help="also the delivery process kept at nice (mode `nice`), not SCHED_IDLE",
     )
     parser.add_argument(
         "--receiver-nice",

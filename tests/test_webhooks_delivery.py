@@ -172,3 +172,6 @@ async def test_one_push_every_receiver_behaviour(
     success_line = 'whip_webhook_deliveries_total{outcome="success",webhook="good"} '
     assert f"{success_line}{float(len(wanted))}" in metrics, metrics
     assert 'whip_webhook_lag_events{webhook="hang"}' in metrics
+    # the delivery process at SCHED_IDLE, never starved (whip/webhooks/child_priority.py)
+    assert "whip_webhook_delivery_sched_idle 1.0" in metrics
+    assert "whip_webhook_delivery_starvations_total 0.0" in metrics

@@ -43,8 +43,15 @@ Rules:
 - **The child dies with the server**: it exits when its stdin closes (the server closed
   it, exited, or was SIGKILLed), after closing the dispatchers (their cursors saved). It
   ignores SIGINT and SIGTERM, which a terminal or a service manager sends to the whole
-  group: the server's shutdown then closes it in order. It runs :data:`DELIVERY_NICE`
-  below the server's CPU priority.
+  group: the server's shutdown then closes it in order.
+- **Its CPU priority** (:mod:`whip.webhooks.child_priority`): every child starts
+  :data:`DELIVERY_NICE` below the server's priority; once ready it is told to go
+  ``SCHED_IDLE`` (``{"op": "idle"}``) while the governor's level is ``IDLE``. A task
+  (:meth:`DeliveryProcess._govern`) samples the child's run-queue wait every window; a
+  starved ``SCHED_IDLE`` child is replaced by a ``nice`` one (its stdin closed, killed
+  after :data:`REPLACE_EXIT_S`; the supervisor starts the next at once, not counted as a
+  failure), and a calm ``nice`` one is told to go ``SCHED_IDLE`` again. Each change is
+  logged (WARNING for a starvation) and counted (:attr:`DeliveryProcess.governor`).
   **A child that dies under the server** is started again, after
   :data:`RESTART_DELAYS_S` (logged at ERROR): the new child indexes the log anew and
   resumes from the saved cursors; events delivered after the last save are sent again,
@@ -86,6 +93,14 @@ from whip.webhooks.child_pipes import (
     spawn,
     wait_or_kill,
 )
+from whip.webhooks.child_priority import (
+    Level,
+    PriorityGovernor,
+    PriorityTuning,
+    RunQueueWait,
+    enter_sched_idle,
+    idle_supported,
+)
 from whip.webhooks.config import WebhookConfig
 from whip.webhooks.cursor import CursorFileError, FileCursorStore, forget_unconfigured
 from whip.webhooks.delivery import shown_url
@@ -112,6 +127,9 @@ FORGET_EVERY_S: Final = 30.0
 FORGET_IDLE_S: Final = 300.0
 """The child's index keeps a run every active webhook has passed until it has been idle
 this long (:meth:`~whip.webhooks.followed_log.FollowedLog.forget_passed`)."""
+REPLACE_EXIT_S: Final = 2.0
+"""Bound on a starved child's exit before it is killed (it may get no CPU to save its
+cursors: what it delivered since its last save is sent again, under the same ids)."""
 DELIVERY_NICE: Final = 10
 """How much lower the child's CPU priority is than the server's (``os.nice``): on a host
 whose cores are busy, the kernel runs the server's threads (ingest, the WAL writer, the
@@ -234,7 +252,11 @@ class DeliveryProcess:
         kind: EventLoopKind,
         *,
         gather_s: float,
+        tuning: PriorityTuning | None = None,
+        sched_idle: bool = True,
     ) -> None:
+        """``sched_idle`` false: the child stays at ``nice`` (what ``bench/webhooks.py``
+        compares the governor with)."""
         self._config = [webhook_to_json(webhook) for webhook in webhooks]
         self.webhooks = [RemoteWebhook(self, webhook) for webhook in webhooks]
         self._timeline = timeline
@@ -251,6 +273,11 @@ class DeliveryProcess:
         self._next_request = 0
         self._tasks: list[asyncio.Task[None]] = []
         self._closing = False
+        self._replacing: _Child | None = None
+        self.governor = PriorityGovernor(
+            tuning or PriorityTuning(), available=sched_idle and idle_supported()
+        )
+        """The child's CPU priority level and its starvations (module rules)."""
         self.pid: int | None = None
         """The child's process id (the last one started)."""
         self.starts = 0
@@ -273,6 +300,7 @@ class DeliveryProcess:
         self._tasks = [
             asyncio.create_task(self._fan_out(self._subscription), name="webhook-durable-fanout"),
             asyncio.create_task(self._supervise(), name="webhook-delivery-supervisor"),
+            asyncio.create_task(self._govern(), name="webhook-delivery-priority"),
         ]
 
     async def _spawn(self) -> None:
@@ -307,11 +335,15 @@ class DeliveryProcess:
             raise
         if started.done():
             if started.exception() is None:
+                level = self.governor.level
+                if level is Level.IDLE:
+                    writer.write(frame({"op": "idle"}))
                 logger.info(
-                    "webhook delivery process %d started: %d webhooks from seq %d",
+                    "webhook delivery process %d started: %d webhooks from seq %d, %s",
                     proc.pid,
                     len(self._config),
                     upto,
+                    "SCHED_IDLE" if level is Level.IDLE else f"nice +{DELIVERY_NICE}",
                 )
             else:
                 await self._stop_child()
@@ -349,6 +381,14 @@ class DeliveryProcess:
                 code = await asyncio.shield(child.exited)
                 if self._closing:
                     return
+                if child is self._replacing:  # by the governor: at once, not a failure
+                    self._replacing = None
+                    await self._stop_child()
+                    try:
+                        await self._spawn()
+                    except (OSError, CursorFileError) as exc:
+                        logger.error("webhook delivery process did not start again: %r", exc)
+                    continue
                 if time.monotonic() - since >= STABLE_AFTER_S:
                     failures = 0
                 delay = RESTART_DELAYS_S[min(failures, len(RESTART_DELAYS_S) - 1)]
@@ -369,6 +409,67 @@ class DeliveryProcess:
                 await self._spawn()
             except (OSError, CursorFileError) as exc:
                 logger.error("webhook delivery process did not start again: %r", exc)
+
+    async def _govern(self) -> None:
+        """Sample the child's run-queue wait and apply the governor's changes (module
+        rules)."""
+        governor = self.governor
+        sampler: RunQueueWait | None = None
+        sampled_at = 0.0
+        while True:
+            await asyncio.sleep(governor.tuning.window_s)
+            child = self._child
+            if child is None or child is self._replacing or child.exited.done():
+                sampler = None
+                continue
+            now = time.monotonic()
+            if sampler is None or sampler.pid != child.proc.pid:
+                sampler, sampled_at = RunQueueWait(child.proc.pid), now
+                continue
+            waited = sampler.take()
+            elapsed, sampled_at = now - sampled_at, now
+            if waited is None:
+                continue
+            change = governor.observe(waited, elapsed)
+            if change is Level.NICE:
+                logger.warning(
+                    "webhook delivery process %d starved at SCHED_IDLE (waited %.0f ms for a "
+                    "CPU in the last %.1f s); replaced by one at nice +%d, SCHED_IDLE again "
+                    "after %.0f s calm",
+                    child.proc.pid,
+                    waited * 1000,
+                    elapsed,
+                    DELIVERY_NICE,
+                    governor.calm_needed_s,
+                )
+                await self._replace(child)
+            elif change is Level.IDLE:
+                writer = self._writer
+                if writer is not None and not writer.is_closing():
+                    writer.write(frame({"op": "idle"}))
+                logger.info(
+                    "webhook delivery process %d calm at nice: SCHED_IDLE again (after a "
+                    "starvation, back at nice for %.0f s calm)",
+                    child.proc.pid,
+                    governor.calm_needed_s,
+                )
+
+    async def _replace(self, child: _Child) -> None:
+        """End a starved child; the supervisor starts the next (module rules)."""
+        self._replacing = child
+        writer = self._writer
+        if writer is not None:
+            writer.close()  # its stdin: it saves its cursors and exits, given a CPU
+        try:
+            async with asyncio.timeout(REPLACE_EXIT_S):
+                await asyncio.shield(child.exited)
+        except TimeoutError:
+            logger.warning(
+                "webhook delivery process %d did not exit within %.0f s; killed",
+                child.proc.pid,
+                REPLACE_EXIT_S,
+            )
+            child.proc.kill()
 
     async def _fan_out(self, subscription: FeedSubscription) -> None:
         while True:
@@ -476,6 +577,9 @@ class _Delivery:
                 self._advance()
         elif op == "status":
             self.push_items(header.get("id", 0), force=True)
+        elif op == "idle":
+            moved = enter_sched_idle()
+            logger.debug("webhook delivery process: %d threads at SCHED_IDLE", moved)
 
     def _advance(self) -> None:
         assert self._log is not None

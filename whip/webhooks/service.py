@@ -34,7 +34,9 @@ Rules:
   :class:`~whip.webhooks.status.WebhookStatus`; embedded, the items the delivery process
   last pushed): ``whip_webhook_deliveries_total{webhook,outcome}`` (attempts by outcome),
   ``whip_webhook_lag_events{webhook}``, ``whip_webhook_lag_seconds{webhook}``. Series
-  are per configured webhook: bounded.
+  are per configured webhook: bounded. Embedded, also the delivery process's CPU priority
+  (:mod:`whip.webhooks.child_priority`): ``whip_webhook_delivery_sched_idle`` (1 while it
+  runs at ``SCHED_IDLE``) and ``whip_webhook_delivery_starvations_total``.
 """
 
 from __future__ import annotations
@@ -48,6 +50,7 @@ from prometheus_client.registry import Collector
 
 from whip.appkeys import CLUSTER_KEY, CONFIG_KEY, REGISTRY_KEY, TIMELINE_KEY, WEBHOOKS_KEY
 from whip.webhooks.attempt_process import AttemptProcess
+from whip.webhooks.child_priority import Level, PriorityGovernor
 from whip.webhooks.cursor import CursorFileError, FileCursorStore, forget_unconfigured
 from whip.webhooks.delivery import OUTCOMES
 from whip.webhooks.delivery_process import DeliveryProcess
@@ -61,8 +64,11 @@ logger = logging.getLogger(__name__)
 class WebhookCollector(Collector):
     """The webhooks' figures, read at scrape time."""
 
-    def __init__(self, dispatchers: list[WebhookStatus]) -> None:
+    def __init__(
+        self, dispatchers: list[WebhookStatus], governor: PriorityGovernor | None = None
+    ) -> None:
         self.dispatchers = dispatchers
+        self.governor = governor
 
     def collect(self) -> Iterator[Metric]:
         deliveries = CounterMetricFamily(
@@ -90,6 +96,17 @@ class WebhookCollector(Collector):
         yield deliveries
         yield lag
         yield lag_s
+        if self.governor is not None:
+            yield GaugeMetricFamily(
+                "whip_webhook_delivery_sched_idle",
+                "1 while the webhook delivery process runs at SCHED_IDLE, 0 at nice",
+                value=float(self.governor.level is Level.IDLE),
+            )
+            yield CounterMetricFamily(
+                "whip_webhook_delivery_starvations",
+                "times the delivery process starved at SCHED_IDLE and was replaced at nice",
+                value=self.governor.starvations,
+            )
 
 
 async def webhooks_context(app: web.Application) -> AsyncIterator[None]:
@@ -114,7 +131,7 @@ async def webhooks_context(app: web.Application) -> AsyncIterator[None]:
     )
     await delivery.start()
     webhooks.extend(delivery.webhooks)
-    app[REGISTRY_KEY].register(WebhookCollector(webhooks))
+    app[REGISTRY_KEY].register(WebhookCollector(webhooks, delivery.governor))
     yield
     await delivery.aclose()
 

@@ -1,0 +1,191 @@
+"""The delivery child's CPU priority (whip/webhooks/child_priority.py): SCHED_IDLE while it
+keeps up; starved there, it is replaced by a nice child, which goes SCHED_IDLE again once
+calm; nothing is skipped across the change. The governor's rules by themselves, then a
+real child starved by a real busy loop on the CPU it is pinned to."""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import logging
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from registry.events import NewEvent
+from registry.timeline import Timeline
+from tests.support.eventually import eventually
+from tests.support.processes import process_gone
+from tests.support.webhook_receivers import Receivers, retrying_hook
+from whip.webhooks.child_priority import (
+    Level,
+    PriorityGovernor,
+    PriorityTuning,
+    RunQueueWait,
+    idle_supported,
+    is_sched_idle,
+    thread_ids,
+)
+from whip.webhooks.delivery_process import DELIVERY_NICE, DeliveryProcess
+from whip.webhooks.group import FEED_GATHER_S
+
+SECRET = "whsec_" + base64.b64encode(b"p" * 32).decode()
+TUNING = PriorityTuning(
+    window_s=1.0, starved_fraction=0.5, starved_windows=3, calm_s=10.0, calm_max_s=35.0
+)
+
+
+def feed(governor: PriorityGovernor, fraction: float, windows: int) -> list[Level | None]:
+    return [governor.observe(fraction, 1.0) for _ in range(windows)]
+
+
+def test_idle_only_where_a_starvation_can_be_seen() -> None:
+    assert idle_supported(), "Linux with /proc/<pid>/task/<tid>/schedstat: the CI's host"
+    blind = PriorityGovernor(TUNING, available=False)
+    assert blind.level is Level.NICE
+    assert feed(blind, 0.0, 1000) == [None] * 1000 and blind.level is Level.NICE
+    assert PriorityGovernor(TUNING, available=True).level is Level.IDLE
+
+
+def test_starved_windows_in_a_row_move_it_to_nice() -> None:
+    governor = PriorityGovernor(TUNING, available=True)
+    # two starved windows, one that is not: the count starts again
+    assert feed(governor, 0.9, 2) + feed(governor, 0.49, 1) == [None, None, None]
+    assert feed(governor, 0.5, 2) == [None, None]
+    assert governor.observe(0.6, 1.0) is Level.NICE
+    assert governor.level is Level.NICE and governor.starvations == 1
+    assert governor.observe(1.0, 0.0) is None, "an empty window decides nothing"
+
+
+def test_calm_brings_it_back_to_idle_later_each_time_until_a_stable_spell() -> None:
+    governor = PriorityGovernor(TUNING, available=True)
+    needed = []
+    for _ in range(4):
+        assert feed(governor, 1.0, 3)[-1] is Level.NICE
+        # a busy window at nice restarts the calm count
+        calm = int(governor.calm_needed_s)
+        assert feed(governor, 0.0, calm - 1) == [None] * (calm - 1)
+        assert governor.observe(0.05, 1.0) is None
+        assert feed(governor, 0.0, calm - 1) == [None] * (calm - 1)
+        assert governor.observe(0.0, 1.0) is Level.IDLE
+        needed.append(calm)
+    assert needed == [10, 20, 35, 35], "doubled each return, up to calm_max_s"
+    assert feed(governor, 0.0, 3599) == [None] * 3599
+    assert governor.calm_needed_s == 35.0
+    assert governor.observe(0.0, 1.0) is None and governor.calm_needed_s == 10.0
+    assert governor.level is Level.IDLE and governor.starvations == 4
+
+
+HOG = """
+import os, sys, time
+os.sched_setaffinity(0, {int(sys.argv[1])})
+end = time.monotonic() + float(sys.argv[2])
+while time.monotonic() < end:
+    pass
+"""
+
+
+def hog(cpu: int, seconds: float) -> subprocess.Popen[bytes]:
+    """A busy loop on one CPU, at the server's priority, ending by itself."""
+    return subprocess.Popen([sys.executable, "-c", HOG, str(cpu), str(seconds)])
+
+
+def test_the_run_queue_wait_of_a_process_behind_a_busy_loop() -> None:
+    cpu = max(os.sched_getaffinity(0))
+    first, second = hog(cpu, 1.5), hog(cpu, 1.5)
+    try:
+        time.sleep(0.3)
+        wait = RunQueueWait(first.pid)
+        time.sleep(0.6)
+        waited = wait.take()
+        # two busy loops on one CPU: each runs about half the time, waits the other half
+        assert waited is not None and 0.15 < waited < 0.7, waited
+    finally:
+        for proc in (first, second):
+            proc.kill()
+            proc.wait()
+    assert wait.take() is None, "the process is gone"
+
+
+async def test_a_starved_child_is_replaced_at_nice_then_idle_again_nothing_skipped(
+    tmp_path: Path, timeline_factory: Callable[..., Timeline], caplog: pytest.LogCaptureFixture
+) -> None:
+    timeline = await asyncio.to_thread(timeline_factory)
+    receivers = Receivers()
+    await receivers.start()
+    endpoint = receivers.add("hook", SECRET)
+    webhook = retrying_hook(receivers.url("/ok/hook"), SECRET)
+    tuning = PriorityTuning(window_s=0.2, starved_windows=3, calm_s=3.0)
+    delivery = DeliveryProcess(
+        [webhook], timeline, tmp_path / "webhooks", "asyncio", gather_s=FEED_GATHER_S, tuning=tuning
+    )
+    wanted: list[str] = []
+
+    async def append(n: int) -> None:
+        seq = await timeline.append(NewEvent(f"run-{n % 3}", "stream_warning", "p", {"n": n}))
+        wanted.append(f"run-{n % 3}:{seq}")
+
+    await delivery.start()
+    busy: subprocess.Popen[bytes] | None = None
+    try:
+        first = delivery.pid
+        assert first is not None
+        await eventually(lambda: is_sched_idle(first), within=10, awaiting="SCHED_IDLE at ready")
+        for n in range(10):
+            await append(n)
+        await eventually(
+            lambda: len(endpoint.first_ids()) == 10, within=20, awaiting="deliveries at idle"
+        )
+        # starve it: its threads and a busy loop on one CPU, deliveries wanted meanwhile
+        cpu = max(os.sched_getaffinity(0))
+        for tid in thread_ids(first):
+            os.sched_setaffinity(tid, {cpu})
+        busy = hog(cpu, 30.0)
+        n = 10
+        deadline = time.monotonic() + 20
+        while delivery.pid == first and time.monotonic() < deadline:
+            await append(n)
+            n += 1
+            await asyncio.sleep(0.02)
+        second = delivery.pid
+        assert second is not None and second != first, "a starved child is replaced"
+        assert delivery.starts == 2 and delivery.governor.starvations == 1
+        assert process_gone(first)
+        assert delivery.governor.level is Level.NICE
+        nice = min(19, os.getpriority(os.PRIO_PROCESS, 0) + DELIVERY_NICE)
+        await eventually(
+            lambda: os.getpriority(os.PRIO_PROCESS, second) == nice,
+            within=10,
+            awaiting="the new child's nice",
+        )
+        assert os.sched_getscheduler(second) == os.SCHED_OTHER
+        busy.kill()
+        busy.wait()
+        for m in range(n, n + 10):
+            await append(m)
+        await eventually(
+            lambda: is_sched_idle(second), within=20, awaiting="SCHED_IDLE again, once calm"
+        )
+        assert delivery.pid == second and delivery.starts == 2, "in place, not replaced"
+        assert delivery.governor.level is Level.IDLE
+        await eventually(
+            lambda: sorted(endpoint.first_ids()) == sorted(wanted),
+            within=30,
+            awaiting=lambda: f"all {len(wanted)}: got {len(endpoint.first_ids())}",
+        )
+        for run in ("run-0", "run-1", "run-2"):
+            seqs = [int(i.split(":")[1]) for i in endpoint.first_ids() if i.startswith(run)]
+            assert seqs == sorted(seqs), "in order per run"
+        errors = [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR]
+        assert not errors, "a replacement is not a child dying under the server"
+    finally:
+        if busy is not None:
+            busy.kill()
+            busy.wait()
+        await delivery.aclose()
+        await receivers.close()

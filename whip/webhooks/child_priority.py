@@ -1,0 +1,190 @@
+"""The webhook delivery child's CPU priority: ``SCHED_IDLE`` while it keeps up, ``nice``
+when it starves.
+
+Why (docs/PERFORMANCE.md, "Who takes the server's cores"): with the delivery child busy, the
+server's loop thread and WAL writer were preempted 15-40 times as often, whatever the
+child's ``nice``. The kernel places a waking thread on an idle CPU, and a CPU that runs a
+``nice`` 10 task is not idle; a CPU that runs only ``SCHED_IDLE`` tasks counts as idle. So
+at ``SCHED_IDLE`` the server's threads wake onto the child's CPU and take it at once. But a
+``SCHED_IDLE`` task gets almost nothing of a CPU that a normal task keeps busy: on a
+saturated host the deliveries would stop.
+
+Rules:
+
+- Two levels (:class:`Level`): ``IDLE`` (``SCHED_IDLE`` on every thread of the child) and
+  ``NICE`` (``SCHED_OTHER``, :data:`~whip.webhooks.delivery_process.DELIVERY_NICE` below
+  the server). Every child starts at ``NICE`` (its start indexes the log: a saturated host
+  must not hold the server's start up) and is told to go ``IDLE`` once ready when that is
+  the level (:func:`enter_sched_idle`, in the child, on each of its threads; the threads it
+  starts later inherit it).
+- ``IDLE`` is used only where it can be watched (:func:`idle_supported`: Linux's
+  ``SCHED_IDLE`` and ``/proc/<pid>/task/<tid>/schedstat``); elsewhere the level stays
+  ``NICE``: a starvation nobody can see is not risked.
+- The server samples the child's run-queue wait (:class:`RunQueueWait`: the time its
+  threads were runnable but not running) every :attr:`PriorityTuning.window_s` and feeds
+  it to a :class:`PriorityGovernor` (pure, no I/O, on the server's loop):
+  - at ``IDLE``, a wait of at least ``starved_fraction`` of the window in
+    ``starved_windows`` windows in a row is a starvation: the level becomes ``NICE``.
+    An unprivileged process cannot leave ``SCHED_IDLE``, so the child is replaced by a
+    new one (:mod:`whip.webhooks.delivery_process`);
+  - at ``NICE``, a wait under ``calm_fraction`` of every window for ``calm_s`` in a row
+    brings the level back to ``IDLE`` (in place: any process may enter ``SCHED_IDLE``).
+    The wait needed doubles with each such return, up to ``calm_max_s``, and is back to
+    ``calm_s`` after ``stable_idle_s`` at ``IDLE`` without a starvation: a host that
+    saturates again and again costs at most one replacement per ``calm_max_s``.
+- What a change costs: entering ``IDLE`` nothing; leaving it a replacement, whose
+  deliveries since the old child's last cursor save are sent again with the same
+  ``webhook-id`` (at least once allows it).
+"""
+
+from __future__ import annotations
+
+import enum
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Final
+
+PROC: Final = Path("/proc")
+
+
+class Level(enum.StrEnum):
+    IDLE = "idle"
+    NICE = "nice"
+
+
+@dataclass(frozen=True, slots=True)
+class PriorityTuning:
+    """The governor's thresholds (module rules); tests shorten them."""
+
+    window_s: float = 1.0
+    starved_fraction: float = 0.5
+    starved_windows: int = 3
+    calm_fraction: float = 0.05
+    calm_s: float = 60.0
+    calm_max_s: float = 3600.0
+    stable_idle_s: float = 3600.0
+
+
+class PriorityGovernor:
+    """Decides the child's level from its run-queue waits (module rules). Pure: the caller
+    samples, applies the change it returns, and owns the instance (one loop)."""
+
+    def __init__(self, tuning: PriorityTuning, *, available: bool) -> None:
+        self.tuning = tuning
+        self.available = available
+        self.level = Level.IDLE if available else Level.NICE
+        self.calm_needed_s = tuning.calm_s
+        """How long the child must stay calm at ``NICE`` before ``IDLE`` again."""
+        self.starvations = 0
+        self._starved_windows = 0
+        self._calm_for_s = 0.0
+        self._idle_for_s = 0.0
+
+    def observe(self, waited_s: float, elapsed_s: float) -> Level | None:
+        """One window's wait; the new level when it changes, else ``None``."""
+        if elapsed_s <= 0:
+            return None
+        fraction = waited_s / elapsed_s
+        tuning = self.tuning
+        if self.level is Level.IDLE:
+            self._idle_for_s += elapsed_s
+            if self._idle_for_s >= tuning.stable_idle_s:
+                self.calm_needed_s = tuning.calm_s
+            if fraction < tuning.starved_fraction:
+                self._starved_windows = 0
+                return None
+            self._starved_windows += 1
+            if self._starved_windows < tuning.starved_windows:
+                return None
+            self.starvations += 1
+            self.level = Level.NICE
+            self._calm_for_s = 0.0
+            return Level.NICE
+        if not self.available:
+            return None
+        if fraction >= tuning.calm_fraction:
+            self._calm_for_s = 0.0
+            return None
+        self._calm_for_s += elapsed_s
+        if self._calm_for_s < self.calm_needed_s:
+            return None
+        self.calm_needed_s = min(self.calm_needed_s * 2, tuning.calm_max_s)
+        self.level = Level.IDLE
+        self._starved_windows = 0
+        self._idle_for_s = 0.0
+        return Level.IDLE
+
+
+def _run_delay_ns(stat: Path) -> int:
+    """The second field of a ``schedstat`` file: ns spent runnable on a run queue."""
+    return int(stat.read_text().split()[1])
+
+
+def idle_supported() -> bool:
+    """Whether ``SCHED_IDLE`` exists and a process's run-queue wait can be read here."""
+    if not hasattr(os, "SCHED_IDLE"):
+        return False
+    try:
+        _run_delay_ns(PROC / "self" / "task" / str(os.getpid()) / "schedstat")
+    except (OSError, ValueError, IndexError):
+        return False
+    return True
+
+
+class RunQueueWait:
+    """The run-queue wait of one process's threads, read from ``/proc`` (no disk I/O)."""
+
+    def __init__(self, pid: int) -> None:
+        self.pid = pid
+        self._seen: dict[str, int] = {}
+        self.take()
+
+    def take(self) -> float | None:
+        """Seconds its threads waited since the last call (a new thread counts from its
+        start); ``None`` once the process is gone."""
+        try:
+            tids = os.listdir(PROC / str(self.pid) / "task")
+        except OSError:
+            return None
+        now: dict[str, int] = {}
+        waited = 0
+        for tid in tids:
+            try:
+                value = _run_delay_ns(PROC / str(self.pid) / "task" / tid / "schedstat")
+            except (OSError, ValueError, IndexError):
+                continue  # the thread ended meanwhile
+            now[tid] = value
+            waited += max(0, value - self._seen.get(tid, 0))
+        self._seen = now
+        return waited / 1e9
+
+
+def thread_ids(pid: int) -> list[int]:
+    """The threads of a process (empty once it is gone)."""
+    try:
+        return [int(tid) for tid in os.listdir(PROC / str(pid) / "task")]
+    except OSError:
+        return []
+
+
+def enter_sched_idle() -> int:
+    """In the child: every thread of this process to ``SCHED_IDLE`` (module rules);
+    returns how many were moved."""
+    moved = 0
+    for tid in thread_ids(os.getpid()):
+        try:
+            os.sched_setscheduler(tid, os.SCHED_IDLE, os.sched_param(0))
+        except ProcessLookupError:
+            continue  # ended meanwhile
+        moved += 1
+    return moved
+
+
+def is_sched_idle(pid: int) -> bool:
+    """Whether every thread of ``pid`` runs at ``SCHED_IDLE``."""
+    tids = thread_ids(pid)
+    try:
+        return bool(tids) and all(os.sched_getscheduler(t) == os.SCHED_IDLE for t in tids)
+    except ProcessLookupError:
+        return False
