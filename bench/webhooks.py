@@ -64,6 +64,7 @@ if sys.path[0] != str(REPO):
 
 from aiohttp import web  # noqa: E402
 
+from bench.support.saturated_delivery import saturated  # noqa: E402
 from registry.events import NewEvent  # noqa: E402
 from registry.timeline import Timeline, TimelineConfig  # noqa: E402
 from whip.webhooks.attempt_process import AttemptProcess  # noqa: E402
@@ -538,6 +539,11 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
                 workload: await confirm_latency(base, url, args, workload)
                 for workload in (args.workloads if args.rounds > 0 else [])
             }
+            busy_host = None
+            if args.saturated > 0:
+                log(f"saturated host: {args.saturated} s a mode")
+                busy_host = await saturated(base, url, webhook, args.saturated)
+                log(f"saturated host: {busy_host}")
     finally:
         assert child.stdin is not None
         child.stdin.close()
@@ -550,6 +556,7 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
         "load_average_after": os.getloadavg(),
         "throughput": result_throughput,
         "confirm_latency": latency,
+        "saturated_host": busy_host,
         "ingest_mix_rate_per_s": MIX_RATE_PER_S[0],
         "every_event_paced_rate_per_s": PACED_RATE_PER_S[0],
         "receiver": RECEIVER[0],
@@ -582,6 +589,13 @@ def parse_args() -> argparse.Namespace:
         "--compare-thread",
         action="store_true",
         help="also the dispatchers on a thread of this process (the design before)",
+    )
+    parser.add_argument(
+        "--saturated",
+        type=float,
+        default=0.0,
+        help="also S seconds a mode of deliveries with every core busy "
+        "(bench/support/saturated_delivery.py); 0: skip",
     )
     parser.add_argument(
         "--compare-nice",

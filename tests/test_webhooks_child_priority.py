@@ -1,7 +1,8 @@
 """The delivery child's CPU priority (whip/webhooks/child_priority.py): SCHED_IDLE while it
 keeps up; starved there, it is replaced by a nice child, which goes SCHED_IDLE again once
 calm; nothing is skipped across the change. The governor's rules by themselves, then a
-real child starved by a real busy loop on the CPU it is pinned to."""
+real child starved by a real busy loop on the CPU it is pinned to, moved back in place
+where the kernel allows it and replaced where it does not."""
 
 from __future__ import annotations
 
@@ -29,6 +30,7 @@ from whip.webhooks.child_priority import (
     RunQueueWait,
     idle_supported,
     is_sched_idle,
+    leave_sched_idle,
     thread_ids,
 )
 from whip.webhooks.delivery_process import DELIVERY_NICE, DeliveryProcess
@@ -112,9 +114,64 @@ def test_the_run_queue_wait_of_a_process_behind_a_busy_loop() -> None:
     assert wait.take() is None, "the process is gone"
 
 
-async def test_a_starved_child_is_replaced_at_nice_then_idle_again_nothing_skipped(
-    tmp_path: Path, timeline_factory: Callable[..., Timeline], caplog: pytest.LogCaptureFixture
+def kernel_lets_us_leave_sched_idle() -> bool:
+    """Whether this process may move another out of ``SCHED_IDLE`` (``CAP_SYS_NICE``, or
+    an ``RLIMIT_NICE`` that allows it): tried on a sleeping child."""
+    sleeper = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
+    try:
+        os.sched_setscheduler(sleeper.pid, os.SCHED_IDLE, os.sched_param(0))
+        return leave_sched_idle(sleeper.pid)
+    finally:
+        sleeper.kill()
+        sleeper.wait()
+
+
+UNPRIVILEGED = """
+import ctypes, os, resource, sys
+if sys.argv[1] == "drop":  # CAP_SYS_NICE out of the bounding set, then exec: gone
+    if ctypes.CDLL(None, use_errno=True).prctl(24, 23, 0, 0, 0) != 0 and os.geteuid() == 0:
+        sys.exit(5)
+    resource.setrlimit(resource.RLIMIT_NICE, (0, 0))
+    os.execv(sys.executable, [sys.executable, "-c", sys.argv[2], "run", sys.argv[3]])
+status = dict(line.split(":", 1) for line in open("/proc/self/status"))
+if int(status["CapEff"], 16) & (1 << 23):
+    sys.exit(4)
+from whip.webhooks.child_priority import leave_sched_idle
+sys.exit(0 if leave_sched_idle(int(sys.argv[2])) else 3)
+"""
+
+
+def test_leaving_sched_idle_where_the_kernel_refuses_and_where_it_allows() -> None:
+    sleeper = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
+    try:
+        os.sched_setscheduler(sleeper.pid, os.SCHED_IDLE, os.sched_param(0))
+        refused = subprocess.run(
+            [sys.executable, "-c", UNPRIVILEGED, "drop", UNPRIVILEGED, str(sleeper.pid)],
+            check=False,
+        )
+        assert refused.returncode == 3, "without CAP_SYS_NICE nor RLIMIT_NICE: refused"
+        assert is_sched_idle(sleeper.pid)
+        if os.geteuid() == 0:  # CI runs as root: CAP_SYS_NICE
+            assert leave_sched_idle(sleeper.pid) and not is_sched_idle(sleeper.pid)
+            assert os.sched_getscheduler(sleeper.pid) == os.SCHED_OTHER
+    finally:
+        sleeper.kill()
+        sleeper.wait()
+
+
+def at_sched_other(pid: int) -> bool:
+    tids = thread_ids(pid)
+    return bool(tids) and all(os.sched_getscheduler(t) == os.SCHED_OTHER for t in tids)
+
+
+@pytest.mark.parametrize("in_place", [True, False], ids=["in_place_if_allowed", "replaced"])
+async def test_a_starved_child_goes_nice_then_idle_again_nothing_skipped(
+    tmp_path: Path,
+    timeline_factory: Callable[..., Timeline],
+    caplog: pytest.LogCaptureFixture,
+    in_place: bool,
 ) -> None:
+    moved_in_place = in_place and kernel_lets_us_leave_sched_idle()
     timeline = await asyncio.to_thread(timeline_factory)
     receivers = Receivers()
     await receivers.start()
@@ -122,7 +179,13 @@ async def test_a_starved_child_is_replaced_at_nice_then_idle_again_nothing_skipp
     webhook = retrying_hook(receivers.url("/ok/hook"), SECRET)
     tuning = PriorityTuning(window_s=0.2, starved_windows=3, calm_s=3.0)
     delivery = DeliveryProcess(
-        [webhook], timeline, tmp_path / "webhooks", "asyncio", gather_s=FEED_GATHER_S, tuning=tuning
+        [webhook],
+        timeline,
+        tmp_path / "webhooks",
+        "asyncio",
+        gather_s=FEED_GATHER_S,
+        tuning=tuning,
+        leave_idle_in_place=in_place,
     )
     wanted: list[str] = []
 
@@ -148,22 +211,26 @@ async def test_a_starved_child_is_replaced_at_nice_then_idle_again_nothing_skipp
         busy = hog(cpu, 30.0)
         n = 10
         deadline = time.monotonic() + 20
-        while delivery.pid == first and time.monotonic() < deadline:
+        while delivery.governor.level is Level.IDLE and time.monotonic() < deadline:
             await append(n)
             n += 1
             await asyncio.sleep(0.02)
+        assert delivery.governor.level is Level.NICE and delivery.governor.starvations == 1
+        if moved_in_place:
+            assert delivery.pid == first and delivery.starts == 1, "moved, not replaced"
+        else:
+            await eventually(lambda: delivery.pid != first, within=10, awaiting="a new child")
+            assert delivery.starts == 2
+            await eventually(lambda: process_gone(first), within=10, awaiting="the old one")
         second = delivery.pid
-        assert second is not None and second != first, "a starved child is replaced"
-        assert delivery.starts == 2 and delivery.governor.starvations == 1
-        assert process_gone(first)
-        assert delivery.governor.level is Level.NICE
+        assert second is not None
         nice = min(19, os.getpriority(os.PRIO_PROCESS, 0) + DELIVERY_NICE)
         await eventually(
             lambda: os.getpriority(os.PRIO_PROCESS, second) == nice,
             within=10,
-            awaiting="the new child's nice",
+            awaiting="the child's nice",
         )
-        assert os.sched_getscheduler(second) == os.SCHED_OTHER
+        assert at_sched_other(second)
         busy.kill()
         busy.wait()
         for m in range(n, n + 10):
@@ -171,7 +238,7 @@ async def test_a_starved_child_is_replaced_at_nice_then_idle_again_nothing_skipp
         await eventually(
             lambda: is_sched_idle(second), within=20, awaiting="SCHED_IDLE again, once calm"
         )
-        assert delivery.pid == second and delivery.starts == 2, "in place, not replaced"
+        assert delivery.pid == second and delivery.starts == (1 if moved_in_place else 2)
         assert delivery.governor.level is Level.IDLE
         await eventually(
             lambda: sorted(endpoint.first_ids()) == sorted(wanted),

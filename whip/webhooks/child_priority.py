@@ -25,16 +25,19 @@ Rules:
   it to a :class:`PriorityGovernor` (pure, no I/O, on the server's loop):
   - at ``IDLE``, a wait of at least ``starved_fraction`` of the window in
     ``starved_windows`` windows in a row is a starvation: the level becomes ``NICE``.
-    An unprivileged process cannot leave ``SCHED_IDLE``, so the child is replaced by a
-    new one (:mod:`whip.webhooks.delivery_process`);
+    The server moves the child's threads back to ``SCHED_OTHER`` where the kernel lets it
+    (:func:`leave_sched_idle`: ``CAP_SYS_NICE``, or an ``RLIMIT_NICE`` that allows the
+    child's ``nice``); an unprivileged process cannot, and then the child is killed and
+    replaced by a new one (:mod:`whip.webhooks.delivery_process`);
   - at ``NICE``, a wait under ``calm_fraction`` of every window for ``calm_s`` in a row
     brings the level back to ``IDLE`` (in place: any process may enter ``SCHED_IDLE``).
     The wait needed doubles with each such return, up to ``calm_max_s``, and is back to
     ``calm_s`` after ``stable_idle_s`` at ``IDLE`` without a starvation: a host that
     saturates again and again costs at most one replacement per ``calm_max_s``.
-- What a change costs: entering ``IDLE`` nothing; leaving it a replacement, whose
-  deliveries since the old child's last cursor save are sent again with the same
-  ``webhook-id`` (at least once allows it).
+- What a change costs: entering ``IDLE`` nothing; leaving it in place nothing; leaving it
+  by a replacement, the new child's start (it indexes the log), and the deliveries since
+  the old child's last cursor save, sent again with the same ``webhook-id`` (at least once
+  allows it).
 """
 
 from __future__ import annotations
@@ -59,7 +62,7 @@ class PriorityTuning:
 
     window_s: float = 1.0
     starved_fraction: float = 0.5
-    starved_windows: int = 3
+    starved_windows: int = 2
     calm_fraction: float = 0.05
     calm_s: float = 60.0
     calm_max_s: float = 3600.0
@@ -179,6 +182,19 @@ def enter_sched_idle() -> int:
             continue  # ended meanwhile
         moved += 1
     return moved
+
+
+def leave_sched_idle(pid: int) -> bool:
+    """In the server: every thread of ``pid`` back to ``SCHED_OTHER`` (its ``nice`` kept);
+    ``False`` where the kernel refuses it (module rules)."""
+    for tid in thread_ids(pid):
+        try:
+            os.sched_setscheduler(tid, os.SCHED_OTHER, os.sched_param(0))
+        except ProcessLookupError:
+            continue  # ended meanwhile
+        except PermissionError:
+            return False
+    return True
 
 
 def is_sched_idle(pid: int) -> bool:

@@ -48,10 +48,11 @@ Rules:
   :data:`DELIVERY_NICE` below the server's priority; once ready it is told to go
   ``SCHED_IDLE`` (``{"op": "idle"}``) while the governor's level is ``IDLE``. A task
   (:meth:`DeliveryProcess._govern`) samples the child's run-queue wait every window; a
-  starved ``SCHED_IDLE`` child is replaced by a ``nice`` one (its stdin closed, killed
-  after :data:`REPLACE_EXIT_S`; the supervisor starts the next at once, not counted as a
-  failure), and a calm ``nice`` one is told to go ``SCHED_IDLE`` again. Each change is
-  logged (WARNING for a starvation) and counted (:attr:`DeliveryProcess.governor`).
+  starved ``SCHED_IDLE`` child is moved back to ``nice`` in place where the kernel allows
+  it, else killed at once (a starved child has no CPU to save its cursors with) and the
+  supervisor starts a ``nice`` one at once, not counted as a failure; a calm ``nice`` one
+  is told to go ``SCHED_IDLE`` again. Each change is logged (WARNING for a starvation)
+  and counted (:attr:`DeliveryProcess.governor`).
   **A child that dies under the server** is started again, after
   :data:`RESTART_DELAYS_S` (logged at ERROR): the new child indexes the log anew and
   resumes from the saved cursors; events delivered after the last save are sent again,
@@ -100,6 +101,7 @@ from whip.webhooks.child_priority import (
     RunQueueWait,
     enter_sched_idle,
     idle_supported,
+    leave_sched_idle,
 )
 from whip.webhooks.config import WebhookConfig
 from whip.webhooks.cursor import CursorFileError, FileCursorStore, forget_unconfigured
@@ -127,9 +129,6 @@ FORGET_EVERY_S: Final = 30.0
 FORGET_IDLE_S: Final = 300.0
 """The child's index keeps a run every active webhook has passed until it has been idle
 this long (:meth:`~whip.webhooks.followed_log.FollowedLog.forget_passed`)."""
-REPLACE_EXIT_S: Final = 2.0
-"""Bound on a starved child's exit before it is killed (it may get no CPU to save its
-cursors: what it delivered since its last save is sent again, under the same ids)."""
 DELIVERY_NICE: Final = 10
 """How much lower the child's CPU priority is than the server's (``os.nice``): on a host
 whose cores are busy, the kernel runs the server's threads (ingest, the WAL writer, the
@@ -254,9 +253,11 @@ class DeliveryProcess:
         gather_s: float,
         tuning: PriorityTuning | None = None,
         sched_idle: bool = True,
+        leave_idle_in_place: bool = True,
     ) -> None:
         """``sched_idle`` false: the child stays at ``nice`` (what ``bench/webhooks.py``
-        compares the governor with)."""
+        compares the governor with). ``leave_idle_in_place`` false: a starved child is
+        always replaced, as where the kernel refuses to move it (tests)."""
         self._config = [webhook_to_json(webhook) for webhook in webhooks]
         self.webhooks = [RemoteWebhook(self, webhook) for webhook in webhooks]
         self._timeline = timeline
@@ -274,6 +275,7 @@ class DeliveryProcess:
         self._tasks: list[asyncio.Task[None]] = []
         self._closing = False
         self._replacing: _Child | None = None
+        self._leave_in_place = leave_idle_in_place
         self.governor = PriorityGovernor(
             tuning or PriorityTuning(), available=sched_idle and idle_supported()
         )
@@ -432,44 +434,31 @@ class DeliveryProcess:
                 continue
             change = governor.observe(waited, elapsed)
             if change is Level.NICE:
+                in_place = self._leave_in_place and leave_sched_idle(child.proc.pid)
                 logger.warning(
                     "webhook delivery process %d starved at SCHED_IDLE (waited %.0f ms for a "
-                    "CPU in the last %.1f s); replaced by one at nice +%d, SCHED_IDLE again "
-                    "after %.0f s calm",
+                    "CPU in the last %.1f s); %s at nice +%d, SCHED_IDLE again after %.0f s "
+                    "calm",
                     child.proc.pid,
                     waited * 1000,
                     elapsed,
+                    "moved" if in_place else "killed and replaced by a new one",
                     DELIVERY_NICE,
                     governor.calm_needed_s,
                 )
-                await self._replace(child)
+                if not in_place:
+                    self._replacing = child  # the supervisor starts the next at once
+                    child.proc.kill()
             elif change is Level.IDLE:
                 writer = self._writer
                 if writer is not None and not writer.is_closing():
                     writer.write(frame({"op": "idle"}))
                 logger.info(
-                    "webhook delivery process %d calm at nice: SCHED_IDLE again (after a "
-                    "starvation, back at nice for %.0f s calm)",
+                    "webhook delivery process %d calm at nice: SCHED_IDLE again (after "
+                    "another starvation, %.0f s calm needed)",
                     child.proc.pid,
                     governor.calm_needed_s,
                 )
-
-    async def _replace(self, child: _Child) -> None:
-        """End a starved child; the supervisor starts the next (module rules)."""
-        self._replacing = child
-        writer = self._writer
-        if writer is not None:
-            writer.close()  # its stdin: it saves its cursors and exits, given a CPU
-        try:
-            async with asyncio.timeout(REPLACE_EXIT_S):
-                await asyncio.shield(child.exited)
-        except TimeoutError:
-            logger.warning(
-                "webhook delivery process %d did not exit within %.0f s; killed",
-                child.proc.pid,
-                REPLACE_EXIT_S,
-            )
-            child.proc.kill()
 
     async def _fan_out(self, subscription: FeedSubscription) -> None:
         while True:
