@@ -178,8 +178,8 @@ def enter_sched_idle() -> int:
     for tid in thread_ids(os.getpid()):
         try:
             os.sched_setscheduler(tid, os.SCHED_IDLE, os.sched_param(0))
-        except ProcessLookupError:
-            continue  # ended meanwhile
+        except OSError:
+            continue  # ended meanwhile (any other refusal leaves that thread at nice)
         moved += 1
     return moved
 
@@ -192,7 +192,7 @@ def leave_sched_idle(pid: int) -> bool:
             os.sched_setscheduler(tid, os.SCHED_OTHER, os.sched_param(0))
         except ProcessLookupError:
             continue  # ended meanwhile
-        except PermissionError:
+        except OSError:  # EPERM: no CAP_SYS_NICE, RLIMIT_NICE too low
             return False
     return True
 
