@@ -10,6 +10,7 @@ import asyncio
 import base64
 import logging
 import os
+import select
 import subprocess
 import sys
 import time
@@ -87,21 +88,34 @@ HOG = """
 import os, sys, time
 os.sched_setaffinity(0, {int(sys.argv[1])})
 end = time.monotonic() + float(sys.argv[2])
+print("busy", flush=True)
 while time.monotonic() < end:
     pass
 """
 
 
 def hog(cpu: int, seconds: float) -> subprocess.Popen[bytes]:
-    """A busy loop on one CPU, at the server's priority, ending by itself."""
-    return subprocess.Popen([sys.executable, "-c", HOG, str(cpu), str(seconds)])
+    """A busy loop on one CPU, at this process's priority, ending by itself; returned once
+    it loops (its start may take a while on a loaded host, blocked on the disk: not a
+    run-queue wait)."""
+    proc = subprocess.Popen(
+        [sys.executable, "-c", HOG, str(cpu), str(seconds)], stdout=subprocess.PIPE
+    )
+    assert proc.stdout is not None
+    ready, _, _ = select.select([proc.stdout], [], [], 30)
+    line = proc.stdout.readline() if ready else b""
+    if line != b"busy\n":
+        proc.kill()
+        proc.wait()
+        raise AssertionError(f"the busy loop did not start within 30 s: {line!r}")
+    assert os.sched_getscheduler(proc.pid) == os.SCHED_OTHER, "a normal task"
+    return proc
 
 
 def test_the_run_queue_wait_of_a_process_behind_a_busy_loop() -> None:
     cpu = max(os.sched_getaffinity(0))
-    first, second = hog(cpu, 1.5), hog(cpu, 1.5)
+    first, second = hog(cpu, 5), hog(cpu, 5)
     try:
-        time.sleep(0.3)
         wait = RunQueueWait(first.pid)
         time.sleep(0.6)
         waited = wait.take()
@@ -111,6 +125,8 @@ def test_the_run_queue_wait_of_a_process_behind_a_busy_loop() -> None:
         for proc in (first, second):
             proc.kill()
             proc.wait()
+            if proc.stdout is not None:
+                proc.stdout.close()
     assert wait.take() is None, "the process is gone"
 
 
@@ -171,6 +187,8 @@ async def test_a_starved_child_goes_nice_then_idle_again_nothing_skipped(
     caplog: pytest.LogCaptureFixture,
     in_place: bool,
 ) -> None:
+    assert os.sched_getscheduler(0) == os.SCHED_OTHER, "the test's own process is a normal one"
+    caplog.set_level(logging.DEBUG, logger="whip.webhooks.delivery_process")
     moved_in_place = in_place and kernel_lets_us_leave_sched_idle()
     timeline = await asyncio.to_thread(timeline_factory)
     receivers = Receivers()
@@ -208,7 +226,7 @@ async def test_a_starved_child_goes_nice_then_idle_again_nothing_skipped(
         cpu = max(os.sched_getaffinity(0))
         for tid in thread_ids(first):
             os.sched_setaffinity(tid, {cpu})
-        busy = hog(cpu, 30.0)
+        busy = await asyncio.to_thread(hog, cpu, 30.0)
         n = 10
         deadline = time.monotonic() + 20
         while delivery.governor.level is Level.IDLE and time.monotonic() < deadline:
@@ -254,5 +272,7 @@ async def test_a_starved_child_goes_nice_then_idle_again_nothing_skipped(
         if busy is not None:
             busy.kill()
             busy.wait()
+            if busy.stdout is not None:
+                busy.stdout.close()
         await delivery.aclose()
         await receivers.close()

@@ -433,6 +433,13 @@ class DeliveryProcess:
             if waited is None:
                 continue
             change = governor.observe(waited, elapsed)
+            logger.debug(
+                "webhook delivery process %d waited %.0f ms for a CPU in %.0f ms (%s)",
+                child.proc.pid,
+                waited * 1000,
+                elapsed * 1000,
+                governor.level,
+            )
             if change is Level.NICE:
                 in_place = self._leave_in_place and leave_sched_idle(child.proc.pid)
                 logger.warning(
