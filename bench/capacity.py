@@ -110,6 +110,7 @@ import aiohttp  # noqa: E402
 
 from bench.support import server_process  # noqa: E402
 from bench.support.udp_mux_compare import compare_udp_mux  # noqa: E402
+from whip.webhooks.child_priority import reset_to_normal_policy  # noqa: E402
 
 CLK_TCK = os.sysconf("SC_CLK_TCK")
 
@@ -314,6 +315,8 @@ def encode_frames(
                 encoder.options = {**options, "svtav1-params": f"{options['svtav1-params']}:rc=2"}
             if codec == "vp9":  # CBR, as a real-time sender runs libvpx
                 encoder.options = {**options, "minrate": str(bitrate), "maxrate": str(bitrate)}
+            encoder.open()
+            reset_to_normal_policy()  # libsvtav1 opened as root: SCHED_FIFO 99 otherwise
             for index, picture in enumerate(source.decode(stream)):
                 picture = picture.reformat(encoder.width, encoder.height, "yuv420p")
                 picture.pts = index

@@ -91,6 +91,7 @@ from pipeline.decoder import DECODERS, DecodeStats, decoder_worker  # noqa: E402
 from pipeline.frame import EncodedFrame  # noqa: E402
 from pipeline.intake import FrameIntake  # noqa: E402
 from pipeline.keyframes import is_keyframe  # noqa: E402
+from whip.webhooks.child_priority import reset_to_normal_policy  # noqa: E402
 
 DEPTH = 16
 PAYLOAD_LIMIT = 1 << 20
@@ -153,6 +154,7 @@ def make_clip(
         frame.time_base = codec.time_base
         packets.extend(bytes(p) for p in codec.encode(frame))
     packets.extend(bytes(p) for p in codec.encode(None))
+    reset_to_normal_policy()  # libsvtav1 opened as root left this thread at SCHED_FIFO 99
     return packets
 
 

@@ -30,6 +30,7 @@ from tests.support.loop_guard import DecodeWatch, guard_sync_calls
 from tests.support.postgres import PostgresServer
 from tests.support.servers import ServerPool
 from whip.eventloop import DEFAULT_EVENT_LOOP, EventLoopKind, new_event_loop
+from whip.webhooks.child_priority import reset_to_normal_policy
 
 TEST_LOOP: EventLoopKind = (
     "asyncio" if os.environ.get("WHIP_TEST_LOOP") == "asyncio" else DEFAULT_EVENT_LOOP
@@ -52,6 +53,16 @@ def decode_watch() -> Iterator[DecodeWatch]:
     watch.install()
     yield watch
     watch.uninstall()
+
+
+@pytest.fixture(autouse=True)
+def normal_scheduling_after() -> Iterator[None]:
+    """After each test, every thread of this worker back at ``SCHED_OTHER``: a SVT-AV1
+    encoder opened as root puts the opening thread at ``SCHED_FIFO`` 99, and every process
+    a later test starts from it (servers, busy loops, delivery children) would inherit it
+    (``whip.webhooks.child_priority.reset_to_normal_policy``)."""
+    yield
+    reset_to_normal_policy()
 
 
 @pytest.fixture(autouse=True)

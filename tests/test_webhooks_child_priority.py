@@ -34,6 +34,7 @@ from whip.webhooks.child_priority import (
     leave_sched_idle,
     thread_ids,
 )
+from whip.webhooks.config import parse_webhooks
 from whip.webhooks.delivery_process import DELIVERY_NICE, DeliveryProcess
 from whip.webhooks.group import FEED_GATHER_S
 
@@ -175,6 +176,30 @@ def test_leaving_sched_idle_where_the_kernel_refuses_and_where_it_allows() -> No
         sleeper.wait()
 
 
+async def test_the_child_is_a_normal_task_whatever_its_parents_policy(
+    tmp_path: Path, timeline_factory: Callable[..., Timeline]
+) -> None:
+    """A server at SCHED_BATCH stands for one at a real-time policy (what a SVT-AV1 encoder
+    opened as root leaves on its thread): the child is SCHED_OTHER at nice all the same."""
+    timeline = await asyncio.to_thread(timeline_factory)
+    (webhook,) = parse_webhooks([{"url": "http://127.0.0.1:9/", "secret": SECRET}])
+    delivery = DeliveryProcess(
+        [webhook], timeline, tmp_path / "webhooks", "asyncio", gather_s=0.05, sched_idle=False
+    )
+    os.sched_setscheduler(0, os.SCHED_BATCH, os.sched_param(0))
+    try:
+        await delivery.start()
+    finally:
+        os.sched_setscheduler(0, os.SCHED_OTHER, os.sched_param(0))
+    try:
+        assert delivery.pid is not None
+        assert at_sched_other(delivery.pid)
+        nice = min(19, os.getpriority(os.PRIO_PROCESS, 0) + DELIVERY_NICE)
+        assert os.getpriority(os.PRIO_PROCESS, delivery.pid) == nice
+    finally:
+        await delivery.aclose()
+
+
 def at_sched_other(pid: int) -> bool:
     tids = thread_ids(pid)
     return bool(tids) and all(os.sched_getscheduler(t) == os.SCHED_OTHER for t in tids)
@@ -251,6 +276,8 @@ async def test_a_starved_child_goes_nice_then_idle_again_nothing_skipped(
         assert at_sched_other(second)
         busy.kill()
         busy.wait()
+        for tid in thread_ids(second):  # moved in place, it is still pinned: free it
+            os.sched_setaffinity(tid, os.sched_getaffinity(0))
         for m in range(n, n + 10):
             await append(m)
         await eventually(

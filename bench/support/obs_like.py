@@ -36,6 +36,7 @@ import libdatachannel as ldc
 import numpy as np
 
 from bench.support.vp9_rtp import Vp9Packetizer
+from whip.webhooks.child_priority import reset_to_normal_policy
 
 VideoCodec = Literal["h264", "h265", "av1", "vp9"]
 AUDIO_PT = 111
@@ -271,6 +272,8 @@ class ObsLikePublisher:
         encoder.framerate = fractions.Fraction(self.fps, 1)
         encoder.gop_size = self.gop
         encoder.options = dict(options)
+        encoder.open()
+        reset_to_normal_policy()  # libsvtav1 opened as root: SCHED_FIFO 99 otherwise
         ramp = np.arange(width, dtype=np.uint16)
         for index in range(int(seconds * self.fps)):
             luma = ((ramp[None, :] + index * 4) % 256).astype(np.uint8)

@@ -171,6 +171,26 @@ def thread_ids(pid: int) -> list[int]:
         return []
 
 
+def reset_to_normal_policy() -> int:
+    """Every thread of this process at ``SCHED_OTHER`` (its ``nice`` kept); returns how many
+    were moved. What the kernel refuses (leaving ``SCHED_IDLE`` unprivileged) stays.
+
+    The delivery child calls it first: it inherits its parent's policy, and a server run
+    at a real-time policy (``chrt``), or a test process in which a SVT-AV1 encoder was
+    opened as root (libsvtav1 puts the opening thread and its own at ``SCHED_FIFO`` 99),
+    must not make the webhooks real-time. Tests and benchmarks call it after such an
+    encoder too."""
+    moved = 0
+    for tid in thread_ids(os.getpid()):
+        try:
+            if os.sched_getscheduler(tid) != os.SCHED_OTHER:
+                os.sched_setscheduler(tid, os.SCHED_OTHER, os.sched_param(0))
+                moved += 1
+        except OSError:
+            continue  # ended meanwhile, or refused
+    return moved
+
+
 def enter_sched_idle() -> int:
     """In the child: every thread of this process to ``SCHED_IDLE`` (module rules);
     returns how many were moved."""

@@ -102,6 +102,7 @@ from whip.webhooks.child_priority import (
     enter_sched_idle,
     idle_supported,
     leave_sched_idle,
+    reset_to_normal_policy,
 )
 from whip.webhooks.config import WebhookConfig
 from whip.webhooks.cursor import CursorFileError, FileCursorStore, forget_unconfigured
@@ -685,6 +686,7 @@ def main(argv: list[str]) -> int:
     # server's: this child leaves when the server closes its stdin, its cursors saved.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    reset_to_normal_policy()  # not its parent's real-time policy, if it had one
     os.nice(DELIVERY_NICE)
     logging.basicConfig(
         level=logging.INFO,
