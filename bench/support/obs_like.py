@@ -91,10 +91,23 @@ def send_silence(audio_track: ldc.Track, index: int, fps: int) -> None:
         audio_track.send_frame(OPUS_SILENCE, ldc.FrameInfo(index * 48000 // fps))
 
 
-def close_peer(pc: ldc.PeerConnection, tracks: Sequence[ldc.Track]) -> None:
+CLOSE_WAIT_S = 5.0
+
+
+def close_peer(pc: ldc.PeerConnection, tracks: Sequence[ldc.Track], states: list[str]) -> None:
     """Close the peer and drop libdatachannel's callbacks into Python (left in place,
-    its threads abort the interpreter at exit)."""
+    its threads abort the interpreter at exit).
+
+    libdatachannel closes on its own threads, which call the state callback (into Python:
+    they need the GIL) and may hold a track's handler lock meanwhile, while
+    ``set_media_handler`` takes that lock without releasing the GIL: one full-suite run
+    hung there for good. So the tracks are touched only once the peer said ``Closed``
+    (``states``, appended by :func:`obs_peer`'s callback), waited for with the GIL
+    released, at most :data:`CLOSE_WAIT_S`."""
     pc.close()
+    deadline = time.monotonic() + CLOSE_WAIT_S
+    while "Closed" not in states and time.monotonic() < deadline:
+        time.sleep(0.01)
     for track in tracks:
         track.set_media_handler(None)
         track.reset_callbacks()
@@ -318,7 +331,7 @@ class ObsLikePublisher:
 
     def close(self) -> None:
         """Close the peer and drop libdatachannel's callbacks (:func:`close_peer`)."""
-        close_peer(self.pc, (self.video_track, self.audio_track))
+        close_peer(self.pc, (self.video_track, self.audio_track), self.states)
 
 
 _SESSION_LEVEL = ("a=setup:", "a=ice-ufrag:", "a=ice-pwd:")

@@ -177,4 +177,4 @@ class ObsSimulcastPublisher:
 
     def close(self) -> None:
         """Close the peer and drop libdatachannel's callbacks (:func:`close_peer`)."""
-        close_peer(self.pc, (self.video_track, self.audio_track))
+        close_peer(self.pc, (self.video_track, self.audio_track), self.states)
