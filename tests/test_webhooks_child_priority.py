@@ -56,14 +56,22 @@ def test_idle_only_where_a_starvation_can_be_seen() -> None:
     assert PriorityGovernor(TUNING, available=True).level is Level.IDLE
 
 
-def test_starved_windows_in_a_row_move_it_to_nice() -> None:
+def test_a_wait_over_the_last_windows_together_moves_it_to_nice() -> None:
     governor = PriorityGovernor(TUNING, available=True)
-    # two starved windows, one that is not: the count starts again
-    assert feed(governor, 0.9, 2) + feed(governor, 0.49, 1) == [None, None, None]
-    assert feed(governor, 0.5, 2) == [None, None]
-    assert governor.observe(0.6, 1.0) is Level.NICE
+    # the first windows never decide alone; under half of the last three does not count
+    assert feed(governor, 0.4, 5) == [None] * 5
+    # the kernel books a wait when the thread finally runs: nothing, nothing, then a lump
+    assert feed(governor, 0.0, 2) == [None, None]
+    assert governor.observe(1.5, 1.0) is Level.NICE, "(0 + 0 + 1.5) / 3 is half"
     assert governor.level is Level.NICE and governor.starvations == 1
     assert governor.observe(1.0, 0.0) is None, "an empty window decides nothing"
+
+
+def test_a_lump_outside_the_last_windows_does_not_count() -> None:
+    governor = PriorityGovernor(TUNING, available=True)
+    assert feed(governor, 1.4, 1) + feed(governor, 0.0, 3) == [None] * 4
+    assert governor.observe(1.4, 1.0) is None, "(0 + 0 + 1.4) / 3 is under half"
+    assert governor.level is Level.IDLE
 
 
 def test_calm_brings_it_back_to_idle_later_each_time_until_a_stable_spell() -> None:

@@ -23,8 +23,10 @@ Rules:
 - The server samples the child's run-queue wait (:class:`RunQueueWait`: the time its
   threads were runnable but not running) every :attr:`PriorityTuning.window_s` and feeds
   it to a :class:`PriorityGovernor` (pure, no I/O, on the server's loop):
-  - at ``IDLE``, a wait of at least ``starved_fraction`` of the window in
-    ``starved_windows`` windows in a row is a starvation: the level becomes ``NICE``.
+  - at ``IDLE``, a wait of at least ``starved_fraction`` of the last ``starved_windows``
+    windows together is a starvation: the level becomes ``NICE``. Together, not each:
+    the kernel adds a wait to ``run_delay`` when the thread finally runs, so a starved
+    ``SCHED_IDLE`` thread shows nothing for a window or two, then the whole wait at once.
     The server moves the child's threads back to ``SCHED_OTHER`` where the kernel lets it
     (:func:`leave_sched_idle`: ``CAP_SYS_NICE``, or an ``RLIMIT_NICE`` that allows the
     child's ``nice``); an unprivileged process cannot, and then the child is killed and
@@ -44,6 +46,7 @@ from __future__ import annotations
 
 import enum
 import os
+from collections import deque
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Final
@@ -80,7 +83,7 @@ class PriorityGovernor:
         self.calm_needed_s = tuning.calm_s
         """How long the child must stay calm at ``NICE`` before ``IDLE`` again."""
         self.starvations = 0
-        self._starved_windows = 0
+        self._recent: deque[tuple[float, float]] = deque(maxlen=tuning.starved_windows)
         self._calm_for_s = 0.0
         self._idle_for_s = 0.0
 
@@ -94,11 +97,12 @@ class PriorityGovernor:
             self._idle_for_s += elapsed_s
             if self._idle_for_s >= tuning.stable_idle_s:
                 self.calm_needed_s = tuning.calm_s
-            if fraction < tuning.starved_fraction:
-                self._starved_windows = 0
+            recent = self._recent
+            recent.append((waited_s, elapsed_s))
+            if len(recent) < tuning.starved_windows:
                 return None
-            self._starved_windows += 1
-            if self._starved_windows < tuning.starved_windows:
+            waited = sum(w for w, _ in recent)
+            if waited < tuning.starved_fraction * sum(e for _, e in recent):
                 return None
             self.starvations += 1
             self.level = Level.NICE
@@ -114,7 +118,7 @@ class PriorityGovernor:
             return None
         self.calm_needed_s = min(self.calm_needed_s * 2, tuning.calm_max_s)
         self.level = Level.IDLE
-        self._starved_windows = 0
+        self._recent.clear()
         self._idle_for_s = 0.0
         return Level.IDLE
 
@@ -171,6 +175,22 @@ def thread_ids(pid: int) -> list[int]:
         return []
 
 
+def _move_threads(pid: int, policy: int) -> tuple[int, bool]:
+    """Every thread of ``pid`` not at ``policy`` moved to it (``nice`` kept): how many were
+    moved, and whether the kernel refused one (a thread that ended meanwhile is skipped)."""
+    moved, refused = 0, False
+    for tid in thread_ids(pid):
+        try:
+            if os.sched_getscheduler(tid) != policy:
+                os.sched_setscheduler(tid, policy, os.sched_param(0))
+                moved += 1
+        except ProcessLookupError:
+            continue
+        except OSError:  # EPERM: leaving SCHED_IDLE without CAP_SYS_NICE or RLIMIT_NICE
+            refused = True
+    return moved, refused
+
+
 def reset_to_normal_policy() -> int:
     """Every thread of this process at ``SCHED_OTHER`` (its ``nice`` kept); returns how many
     were moved. What the kernel refuses (leaving ``SCHED_IDLE`` unprivileged) stays.
@@ -180,41 +200,19 @@ def reset_to_normal_policy() -> int:
     opened as root (libsvtav1 puts the opening thread and its own at ``SCHED_FIFO`` 99),
     must not make the webhooks real-time. Tests and benchmarks call it after such an
     encoder too."""
-    moved = 0
-    for tid in thread_ids(os.getpid()):
-        try:
-            if os.sched_getscheduler(tid) != os.SCHED_OTHER:
-                os.sched_setscheduler(tid, os.SCHED_OTHER, os.sched_param(0))
-                moved += 1
-        except OSError:
-            continue  # ended meanwhile, or refused
-    return moved
+    return _move_threads(os.getpid(), os.SCHED_OTHER)[0]
 
 
 def enter_sched_idle() -> int:
     """In the child: every thread of this process to ``SCHED_IDLE`` (module rules);
     returns how many were moved."""
-    moved = 0
-    for tid in thread_ids(os.getpid()):
-        try:
-            os.sched_setscheduler(tid, os.SCHED_IDLE, os.sched_param(0))
-        except OSError:
-            continue  # ended meanwhile (any other refusal leaves that thread at nice)
-        moved += 1
-    return moved
+    return _move_threads(os.getpid(), os.SCHED_IDLE)[0]
 
 
 def leave_sched_idle(pid: int) -> bool:
     """In the server: every thread of ``pid`` back to ``SCHED_OTHER`` (its ``nice`` kept);
     ``False`` where the kernel refuses it (module rules)."""
-    for tid in thread_ids(pid):
-        try:
-            os.sched_setscheduler(tid, os.SCHED_OTHER, os.sched_param(0))
-        except ProcessLookupError:
-            continue  # ended meanwhile
-        except OSError:  # EPERM: no CAP_SYS_NICE, RLIMIT_NICE too low
-            return False
-    return True
+    return not _move_threads(pid, os.SCHED_OTHER)[1]
 
 
 def is_sched_idle(pid: int) -> bool:
