@@ -29,8 +29,8 @@ from whip.webhooks.child_priority import (
     PriorityGovernor,
     PriorityTuning,
     RunQueueWait,
+    all_threads_at,
     idle_supported,
-    is_sched_idle,
     leave_sched_idle,
     thread_ids,
 )
@@ -175,9 +175,9 @@ def test_leaving_sched_idle_where_the_kernel_refuses_and_where_it_allows() -> No
             check=False,
         )
         assert refused.returncode == 3, "without CAP_SYS_NICE nor RLIMIT_NICE: refused"
-        assert is_sched_idle(sleeper.pid)
+        assert all_threads_at(sleeper.pid, os.SCHED_IDLE)
         if os.geteuid() == 0:  # CI runs as root: CAP_SYS_NICE
-            assert leave_sched_idle(sleeper.pid) and not is_sched_idle(sleeper.pid)
+            assert leave_sched_idle(sleeper.pid) and not all_threads_at(sleeper.pid, os.SCHED_IDLE)
             assert os.sched_getscheduler(sleeper.pid) == os.SCHED_OTHER
     finally:
         sleeper.kill()
@@ -201,16 +201,11 @@ async def test_the_child_is_a_normal_task_whatever_its_parents_policy(
         os.sched_setscheduler(0, os.SCHED_OTHER, os.sched_param(0))
     try:
         assert delivery.pid is not None
-        assert at_sched_other(delivery.pid)
+        assert all_threads_at(delivery.pid, os.SCHED_OTHER)
         nice = min(19, os.getpriority(os.PRIO_PROCESS, 0) + DELIVERY_NICE)
         assert os.getpriority(os.PRIO_PROCESS, delivery.pid) == nice
     finally:
         await delivery.aclose()
-
-
-def at_sched_other(pid: int) -> bool:
-    tids = thread_ids(pid)
-    return bool(tids) and all(os.sched_getscheduler(t) == os.SCHED_OTHER for t in tids)
 
 
 @pytest.mark.parametrize("in_place", [True, False], ids=["in_place_if_allowed", "replaced"])
@@ -249,7 +244,9 @@ async def test_a_starved_child_goes_nice_then_idle_again_nothing_skipped(
     try:
         first = delivery.pid
         assert first is not None
-        await eventually(lambda: is_sched_idle(first), within=10, awaiting="SCHED_IDLE at ready")
+        await eventually(
+            lambda: all_threads_at(first, os.SCHED_IDLE), within=10, awaiting="SCHED_IDLE at ready"
+        )
         for n in range(10):
             await append(n)
         await eventually(
@@ -281,7 +278,7 @@ async def test_a_starved_child_goes_nice_then_idle_again_nothing_skipped(
             within=10,
             awaiting="the child's nice",
         )
-        assert at_sched_other(second)
+        assert all_threads_at(second, os.SCHED_OTHER)
         busy.kill()
         busy.wait()
         for tid in thread_ids(second):  # moved in place, it is still pinned: free it
@@ -289,7 +286,9 @@ async def test_a_starved_child_goes_nice_then_idle_again_nothing_skipped(
         for m in range(n, n + 10):
             await append(m)
         await eventually(
-            lambda: is_sched_idle(second), within=20, awaiting="SCHED_IDLE again, once calm"
+            lambda: all_threads_at(second, os.SCHED_IDLE),
+            within=20,
+            awaiting="SCHED_IDLE again, once calm",
         )
         assert delivery.pid == second and delivery.starts == (1 if moved_in_place else 2)
         assert delivery.governor.level is Level.IDLE

@@ -215,10 +215,10 @@ def leave_sched_idle(pid: int) -> bool:
     return not _move_threads(pid, os.SCHED_OTHER)[1]
 
 
-def is_sched_idle(pid: int) -> bool:
-    """Whether every thread of ``pid`` runs at ``SCHED_IDLE``."""
+def all_threads_at(pid: int, policy: int) -> bool:
+    """Whether every thread of ``pid`` runs at ``policy`` (``False`` once it is gone)."""
     tids = thread_ids(pid)
     try:
-        return bool(tids) and all(os.sched_getscheduler(t) == os.SCHED_IDLE for t in tids)
+        return bool(tids) and all(os.sched_getscheduler(t) == policy for t in tids)
     except ProcessLookupError:
         return False
