@@ -4,6 +4,10 @@
 PyAV decode run on a thread that is running an asyncio event loop: durable I/O belongs to
 the WAL writer thread or ``asyncio.to_thread``, decoding to the pipeline's worker
 threads, never to the loop (tests/support/loop_guard.py says how each is caught).
+
+Every test also runs under the hang watchdog (tests/support/hang_watchdog.py): stuck past
+its pytest-timeout where the signal cannot reach it, it ends its worker with every
+thread's stack on the console, instead of hanging the run.
 """
 
 from __future__ import annotations
@@ -31,6 +35,8 @@ from tests.support.postgres import PostgresServer
 from tests.support.servers import ServerPool
 from whip.eventloop import DEFAULT_EVENT_LOOP, EventLoopKind, new_event_loop
 from whip.webhooks.child_priority import reset_to_normal_policy
+
+pytest_plugins = ["tests.support.hang_watchdog"]
 
 TEST_LOOP: EventLoopKind = (
     "asyncio" if os.environ.get("WHIP_TEST_LOOP") == "asyncio" else DEFAULT_EVENT_LOOP

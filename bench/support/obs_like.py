@@ -14,9 +14,12 @@ sweep) has no libdatachannel packetizer: :class:`bench.support.vp9_rtp.Vp9Packet
 writes its RTP packets (RFC 9628, as libwebrtc does) and the track sends them through a
 chain of only the sender reporter and the NACK responder.
 
-Threads: libdatachannel calls back on its own threads; :class:`ObsLikePublisher` only
-records states there (a list append), and everything else runs on the caller's thread.
-``push`` blocks (encoding, real-time pacing): run it with ``asyncio.to_thread``.
+Threads: nothing of Python's is handed to libdatachannel to call (no callbacks; the
+peer's states are polled, :class:`PeerStates`), so its threads never wait for the GIL.
+They hold its locks meanwhile, and some of its calls (``set_media_handler``) take those
+locks without releasing the GIL: a state callback made that a deadlock in two full-suite
+runs. Everything runs on the caller's thread. ``push`` blocks (encoding, real-time
+pacing): run it with ``asyncio.to_thread``.
 """
 
 from __future__ import annotations
@@ -63,14 +66,36 @@ OPUS_SILENCE = bytes([0xF8, 0xFF, 0xFE])
 """An Opus DTX frame: 20 ms of silence (what the publishers send beside their video)."""
 
 
-def wait_tracks_open(tracks: Sequence[ldc.Track], states: list[str], timeout_s: float = 10) -> None:
+class PeerStates:
+    """A peer's connection states as seen from Python: :meth:`poll` reads
+    ``pc.state()`` (an atomic in libdatachannel, no lock) and records each change, so the
+    list holds the states seen, in order, not necessarily every one (a brief
+    ``Connecting`` can fall between two polls)."""
+
+    def __init__(self, pc: ldc.PeerConnection) -> None:
+        self._pc = pc
+        self.seen: list[str] = []
+
+    def poll(self) -> str:
+        """The peer's state now (recorded in :attr:`seen` if it changed)."""
+        state = self._pc.state().name
+        if not self.seen or self.seen[-1] != state:
+            self.seen.append(state)
+        return state
+
+
+def wait_tracks_open(
+    tracks: Sequence[ldc.Track], states: PeerStates, timeout_s: float = 10
+) -> None:
     """Block until every track is open; TimeoutError after ``timeout_s`` or once the peer
-    reports ``Failed``."""
+    is ``Failed``."""
     deadline = time.monotonic() + timeout_s
-    while not all(track.is_open() for track in tracks):
-        if time.monotonic() > deadline or "Failed" in states:
-            raise TimeoutError(f"tracks never opened; peer states {states}")
+    while states.poll() != "Failed" and not all(track.is_open() for track in tracks):
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"tracks never opened; peer states {states.seen}")
         time.sleep(0.01)
+    if states.seen[-1] == "Failed":
+        raise TimeoutError(f"tracks never opened; peer states {states.seen}")
 
 
 def paced[T](items: Iterable[T], fps: int) -> Iterator[tuple[int, T]]:
@@ -94,24 +119,16 @@ def send_silence(audio_track: ldc.Track, index: int, fps: int) -> None:
 CLOSE_WAIT_S = 5.0
 
 
-def close_peer(pc: ldc.PeerConnection, tracks: Sequence[ldc.Track], states: list[str]) -> None:
-    """Close the peer and drop libdatachannel's callbacks into Python (left in place,
-    its threads abort the interpreter at exit).
-
-    libdatachannel closes on its own threads, which call the state callback (into Python:
-    they need the GIL) and may hold a track's handler lock meanwhile, while
-    ``set_media_handler`` takes that lock without releasing the GIL: one full-suite run
-    hung there for good. So the tracks are touched only once the peer said ``Closed``
-    (``states``, appended by :func:`obs_peer`'s callback), waited for with the GIL
-    released, at most :data:`CLOSE_WAIT_S`."""
+def close_peer(pc: ldc.PeerConnection, tracks: Sequence[ldc.Track], states: PeerStates) -> None:
+    """Close the peer, wait (at most :data:`CLOSE_WAIT_S`, polling with the GIL released)
+    until it is ``Closed``, then drop the media handlers: libdatachannel's closing threads
+    use the tracks' handlers meanwhile."""
     pc.close()
     deadline = time.monotonic() + CLOSE_WAIT_S
-    while "Closed" not in states and time.monotonic() < deadline:
+    while states.poll() != "Closed" and time.monotonic() < deadline:
         time.sleep(0.01)
     for track in tracks:
         track.set_media_handler(None)
-        track.reset_callbacks()
-    pc.reset_callbacks()
 
 
 def save_frames(path: Path, frames: Iterable[EncodedFrame]) -> int:
@@ -158,15 +175,14 @@ def _token(length: int = 16) -> str:
     return "".join(random.choices(string.ascii_letters + string.digits, k=length))
 
 
-def obs_peer(states: list[str]) -> ldc.PeerConnection:
+def obs_peer() -> ldc.PeerConnection:
     """A libdatachannel peer as OBS makes one: no ICE servers, gathering after the answer
-    (:meth:`ObsLikePublisher.answer`); each state change is appended to ``states``."""
+    (:meth:`ObsLikePublisher.answer`). No callbacks (module doc): poll it with
+    :class:`PeerStates`."""
     config = ldc.Configuration()
     config.ice_servers = []
     config.disable_auto_gathering = True
-    pc = ldc.PeerConnection(config)
-    pc.on_state_change(lambda state: states.append(state.name))
-    return pc
+    return ldc.PeerConnection(config)
 
 
 def opus_track(
@@ -202,8 +218,8 @@ class ObsLikePublisher:
         self.b_frames = b_frames
         if b_frames and codec != "h264":
             raise ValueError("b_frames is for H.264 only")
-        self.states: list[str] = []
-        self.pc = obs_peer(self.states)
+        self.pc = obs_peer()
+        self.peer_states = PeerStates(self.pc)
         stream_id, cname = _token(), _token()
         ssrc = random.randrange(1, 1 << 30)
         self.audio_track, self._audio_packetizer = opus_track(self.pc, ssrc, cname, stream_id)
@@ -312,7 +328,7 @@ class ObsLikePublisher:
         """Send ``frames`` (decode order, presentation index in frames) in real time at
         ``self.fps``, with Opus silence, once the tracks are open (waits up to 10 s for
         them). Returns the video frames sent. Blocking."""
-        wait_tracks_open((self.video_track, self.audio_track), self.states)
+        wait_tracks_open((self.video_track, self.audio_track), self.peer_states)
         sent = 0
         for index, (pts, data) in paced(frames, self.fps):
             # The RTP timestamp is the frame's presentation time (RFC 6184), a frame of
@@ -330,8 +346,8 @@ class ObsLikePublisher:
         return sent
 
     def close(self) -> None:
-        """Close the peer and drop libdatachannel's callbacks (:func:`close_peer`)."""
-        close_peer(self.pc, (self.video_track, self.audio_track), self.states)
+        """Close the peer (:func:`close_peer`)."""
+        close_peer(self.pc, (self.video_track, self.audio_track), self.peer_states)
 
 
 _SESSION_LEVEL = ("a=setup:", "a=ice-ufrag:", "a=ice-pwd:")

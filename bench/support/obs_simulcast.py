@@ -22,9 +22,9 @@ sequence per layer (``bench/capacity.py --codecs simulcast``: the clip encoded o
 layer at :data:`REPLAY_LAYERS`, so that no publisher spends the CPU the server is
 measured with on encoding).
 
-Threads: libdatachannel calls back on its own threads; only the peer states are recorded
-there (a list append). ``push`` and ``send`` block (encoding, real-time pacing): run them
-with ``asyncio.to_thread``.
+Threads: no callbacks into Python (the peer's states are polled, as in
+:mod:`bench.support.obs_like`). ``push`` and ``send`` block (encoding, real-time pacing):
+run them with ``asyncio.to_thread``.
 """
 
 from __future__ import annotations
@@ -42,6 +42,7 @@ import numpy as np
 from bench.support.obs_like import (
     MAX_FRAGMENT,
     VIDEO_PT,
+    PeerStates,
     close_peer,
     obs_peer,
     obs_shape,
@@ -104,8 +105,8 @@ class ObsSimulcastPublisher:
         self.rids = [str(i) for i in range(len(self.sizes))]
         self.fps = fps
         self.gop = gop
-        self.states: list[str] = []
-        self.pc = obs_peer(self.states)
+        self.pc = obs_peer()
+        self.peer_states = PeerStates(self.pc)
         stream_id, cname = _token(), _token()
         base_ssrc = random.randrange(1, 1 << 30)
         self.audio_track, self._audio_packetizer = opus_track(self.pc, base_ssrc, cname, stream_id)
@@ -165,7 +166,7 @@ class ObsSimulcastPublisher:
         them). Returns the frames sent per layer. Blocking."""
         if len(layers) != len(self._layers):
             raise ValueError(f"{len(layers)} layers of frames for {len(self._layers)} RIDs")
-        wait_tracks_open((self.video_track, self.audio_track), self.states)
+        wait_tracks_open((self.video_track, self.audio_track), self.peer_states)
         sent = 0
         for index, frames in paced(zip(*layers, strict=True), self.fps):
             for packetizer, (pts, data) in zip(self._layers, frames, strict=True):
@@ -176,5 +177,5 @@ class ObsSimulcastPublisher:
         return sent
 
     def close(self) -> None:
-        """Close the peer and drop libdatachannel's callbacks (:func:`close_peer`)."""
-        close_peer(self.pc, (self.video_track, self.audio_track), self.states)
+        """Close the peer (:func:`close_peer`)."""
+        close_peer(self.pc, (self.video_track, self.audio_track), self.peer_states)
