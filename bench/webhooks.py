@@ -26,6 +26,9 @@ Sections:
    (warm-up and drift show as a difference between the two rounds); ``--rounds`` such
    pairs. ``pooled`` is every round's samples of a mode together (the modes alternate,
    so the host's drift falls on all of them alike): the figure to read.
+   ``mean_of_rounds`` is each added percentage's mean over the rounds with its 95 %
+   confidence interval (Student's t, a round one sample): how far the rounds' spread
+   lets a figure be told from a bound such as issue 14's 5 %.
    Percentiles in milliseconds, and the added latency in percent. Three workloads:
    ``ingest_mix`` (a steady ``--mix-rate`` appends/s, default 100, mostly ``stats``,
    every 10th a lifecycle type: what a server's timeline sees), ``every_event_paced``
@@ -448,6 +451,25 @@ def added(figures: dict[str, Any], mode: str, stat: str) -> float:
     return round(100 * (float(figures[mode][stat]) / float(figures["none"][stat]) - 1), 1)
 
 
+_T95 = ((1, 12.71), (2, 4.30), (3, 3.18), (4, 2.78), (5, 2.57), (6, 2.45), (7, 2.36),
+        (8, 2.31), (9, 2.26), (10, 2.23), (12, 2.18), (15, 2.13), (20, 2.09), (25, 2.06),
+        (30, 2.04), (40, 2.02), (60, 2.00), (120, 1.98))  # fmt: skip
+"""Student's t for a two-sided 95 % interval, by degrees of freedom (the nearest tabled
+value at or below; a wider interval, never a narrower one)."""
+
+
+def mean_interval(values: list[float]) -> dict[str, Any] | None:
+    """The mean of the rounds' values and its 95 % confidence interval (Student's t over
+    the rounds, each round one sample): whether an added percentage is told from a
+    bound, given how much the rounds move. None under two rounds."""
+    if len(values) < 2:
+        return None
+    t = next(t for df, t in reversed(_T95) if df <= len(values) - 1)
+    mean = statistics.fmean(values)
+    half = t * statistics.stdev(values) / len(values) ** 0.5
+    return {"mean": round(mean, 1), "ci95": [round(mean - half, 1), round(mean + half, 1)]}
+
+
 async def confirm_latency(
     base: Path, url: str, args: argparse.Namespace, workload: str
 ) -> dict[str, Any]:
@@ -501,6 +523,11 @@ async def confirm_latency(
         for key in rounds[0]
         if key.startswith("added_")
     }
+    intervals = {
+        key: mean_interval([r[key] for r in rounds])
+        for key in rounds[0]
+        if key.startswith("added_")
+    }
     every: dict[str, Any] = {mode: percentiles(samples) for mode, samples in pooled.items()}
     cpu = sum(r["cpu_s"] for r in CHILD_CPU)
     deliveries = sum(r["deliveries"] for r in CHILD_CPU)
@@ -518,6 +545,7 @@ async def confirm_latency(
         "webhooks": webhooks,
         "pooled": every,
         "median_of_rounds": summary,
+        "mean_of_rounds": intervals,
         "rounds": rounds,
     }
 
