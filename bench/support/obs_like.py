@@ -17,8 +17,9 @@ chain of only the sender reporter and the NACK responder.
 Threads: nothing of Python's is handed to libdatachannel to call (no callbacks; the
 peer's states are polled, :class:`PeerStates`), so its threads never wait for the GIL.
 They hold its locks meanwhile, and some of its calls (``set_media_handler``) take those
-locks without releasing the GIL: a state callback made that a deadlock in two full-suite
-runs. Everything runs on the caller's thread. ``push`` blocks (encoding, real-time
+locks without releasing the GIL: a state callback made that a deadlock in one full-suite
+run (``py-spy`` showed the caller in ``set_media_handler``). Everything runs on the
+caller's thread. ``push`` blocks (encoding, real-time
 pacing): run it with ``asyncio.to_thread``.
 """
 
