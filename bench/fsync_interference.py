@@ -1,0 +1,166 @@
+"""What a webhook cursor save costs the WAL's ``fdatasync`` on the same file system.
+
+The question (issue 14, docs/PERFORMANCE.md "The delivery process at SCHED_IDLE,
+governed"): the delivery child saves its cursors once a second the way
+:class:`whip.webhooks.cursor.FileCursorStore` does (a new temporary file, written,
+``fsync``, renamed over the old one). On ext4 that is a journal commit; the WAL's
+``fdatasync`` of a write into its preallocated segment is one too (the written extent's
+conversion), and the journal commits one at a time. Does an append that meets a cursor save
+wait for it, and how much does that add to the appends' mean and tail?
+
+Method, no server and no webhook: this process does what the WAL writer does at a steady
+rate (``--rate`` appends a second: one ``pwrite`` of ``--record`` bytes into a segment
+preallocated with ``posix_fallocate``, then ``fdatasync``; :mod:`registry.segments`) and
+times each ``fdatasync``. A second process saves a cursor file once per ``--save-every``
+seconds exactly as :class:`~whip.webhooks.cursor.FileCursorStore` does, in the windows
+marked ``saves``; the windows alternate with ``quiet`` ones (``--windows`` of each,
+``--window-s`` long), so the host's drift falls on both alike. Output: JSON on stdout,
+each side's ``fdatasync`` p50 / p90 / p99 / max / mean in milliseconds over all its
+windows, and the saves' added percentage.
+
+Usage::
+
+    .venv/bin/python bench/fsync_interference.py            # about two minutes
+    .venv/bin/python bench/fsync_interference.py --quick    # a few seconds
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import multiprocessing
+import os
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+SEGMENT_BYTES = 64 << 20
+
+
+def save_cursors(directory: Path, every_s: float, stop: Any) -> None:
+    """Write ``cursors.json`` as FileCursorStore does (temporary file, write, fsync,
+    rename over), once per ``every_s``, until ``stop`` is set."""
+    body = json.dumps({f"hook{i:02}": {"upto": 123456 + i} for i in range(10)}).encode()
+    path, tmp = directory / "cursors.json", directory / "cursors.json.tmp"
+    while not stop.wait(every_s):
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        try:
+            os.write(fd, body)
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        os.replace(tmp, path)
+
+
+def append_window(
+    fd: int, offset: int, record: bytes, rate: float, seconds: float
+) -> tuple[list[float], int]:
+    """Append ``record`` at ``rate`` a second for ``seconds``: each ``fdatasync``'s
+    milliseconds, and the new offset."""
+    latencies: list[float] = []
+    started = time.monotonic()
+    count = int(rate * seconds)
+    for index in range(count):
+        delay = started + index / rate - time.monotonic()
+        if delay > 0:
+            time.sleep(delay)
+        os.pwrite(fd, record, offset)
+        offset += len(record)
+        t0 = time.perf_counter()
+        os.fdatasync(fd)
+        latencies.append((time.perf_counter() - t0) * 1000)
+    return latencies, offset
+
+
+def percentiles(values: list[float]) -> dict[str, float]:
+    ordered = sorted(values)
+
+    def at(q: float) -> float:
+        return round(ordered[min(len(ordered) - 1, int(q * len(ordered)))], 3)
+
+    return {
+        "p50_ms": at(0.5),
+        "p90_ms": at(0.9),
+        "p99_ms": at(0.99),
+        "max_ms": round(ordered[-1], 3),
+        "mean_ms": round(statistics.fmean(ordered), 3),
+    }
+
+
+def run(args: argparse.Namespace) -> dict[str, Any]:
+    base = Path(tempfile.mkdtemp(prefix="whip-fsync-", dir=args.dir))
+    segment = base / "wal-000001.seg"
+    fd = os.open(segment, os.O_RDWR | os.O_CREAT, 0o600)
+    os.posix_fallocate(fd, 0, SEGMENT_BYTES)
+    os.fsync(fd)
+    record = os.urandom(args.record)
+    offset = 0
+    sides: dict[str, list[float]] = {"quiet": [], "saves": []}
+    windows: list[dict[str, Any]] = []
+    context = multiprocessing.get_context("spawn")
+    try:
+        for number in range(args.windows * 2):
+            side = ("quiet", "saves")[(number + number // 2) % 2]  # q s s q q s s q ...
+            if offset + args.record * args.rate * (args.window_s + 1) > SEGMENT_BYTES:
+                raise SystemExit("segment too small for these windows")
+            stop = context.Event()
+            saver = None
+            if side == "saves":
+                saver = context.Process(
+                    target=save_cursors, args=(base, args.save_every, stop), daemon=True
+                )
+                saver.start()
+            try:
+                latencies, offset = append_window(fd, offset, record, args.rate, args.window_s)
+            finally:
+                if saver is not None:
+                    stop.set()
+                    saver.join(10)
+                    if saver.is_alive():
+                        saver.kill()
+            sides[side] += latencies
+            windows.append({"side": side, **percentiles(latencies)})
+            print(f"[fsync_interference] {side}: {windows[-1]}", file=sys.stderr, flush=True)
+    finally:
+        os.close(fd)
+        for path in base.iterdir():
+            path.unlink()
+        base.rmdir()
+    out: dict[str, Any] = {
+        "benchmark": "fsync_interference",
+        "rate_per_s": args.rate,
+        "record_bytes": args.record,
+        "save_every_s": args.save_every,
+        "window_s": args.window_s,
+        "windows_each": args.windows,
+        "load_average": os.getloadavg(),
+        "pooled": {side: percentiles(values) for side, values in sides.items()},
+        "windows": windows,
+    }
+    quiet, saves = out["pooled"]["quiet"], out["pooled"]["saves"]
+    out["added_percent"] = {
+        key.removesuffix("_ms"): round(100 * (saves[key] / quiet[key] - 1), 1) for key in quiet
+    }
+    return out
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--quick", action="store_true", help="two short windows of each")
+    parser.add_argument("--rate", type=float, default=100.0, help="appends a second")
+    parser.add_argument("--record", type=int, default=400, help="bytes an append")
+    parser.add_argument("--save-every", type=float, default=1.0, help="seconds between saves")
+    parser.add_argument("--window-s", type=float, default=10.0)
+    parser.add_argument("--windows", type=int, default=6, help="windows of each side")
+    parser.add_argument("--dir", default=None, help="where (default: the system's temp dir)")
+    args = parser.parse_args()
+    if args.quick:
+        args.window_s, args.windows = 2.0, 2
+    print(json.dumps(run(args), indent=1))
+
+
+if __name__ == "__main__":
+    main()
