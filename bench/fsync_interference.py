@@ -18,6 +18,10 @@ marked ``saves``; the windows alternate with ``quiet`` ones (``--windows`` of ea
 each side's ``fdatasync`` p50 / p90 / p99 / max / mean in milliseconds over all its
 windows, and the saves' added percentage.
 
+``--saver in-place`` replaces the store by the cursor write that would need no journal
+commit (:func:`save_in_place`: two preallocated slots written in place, ``fdatasync``), to
+measure whether that design removes the cost before anyone builds it.
+
 Usage::
 
     .venv/bin/python bench/fsync_interference.py            # about two minutes
@@ -33,14 +37,17 @@ import multiprocessing
 import os
 import shutil
 import statistics
+import struct
 import sys
 import tempfile
 import time
+import zlib
 from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from registry.segments import fsync_dir
 from whip.webhooks.cursor import CursorState, FileCursorStore
 
 SEGMENT_BYTES = 64 << 20
@@ -62,6 +69,48 @@ def save_cursors(directory: Path, every_s: float, stop: Any) -> None:
             )
 
     asyncio.run(saving())
+
+
+SLOT_BYTES = 4096
+"""One slot of the in-place design (:func:`save_in_place`)."""
+
+
+def make_slots(directory: Path) -> Path:
+    """The in-place design's file: two zero-written slots, ``fsync``ed with their
+    directory once, so later writes into them change no block map (no ext4 journal
+    commit for an ``fdatasync``)."""
+    path = directory / "cursors.slots"
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    try:
+        os.write(fd, bytes(2 * SLOT_BYTES))
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    fsync_dir(directory)
+    return path
+
+
+def save_in_place(directory: Path, every_s: float, stop: Any) -> None:
+    """The cursor write issue 14's note proposes, as a probe (not the store's): the same
+    10 cursors as :func:`save_cursors`, once per ``every_s``, each save one ``pwrite`` of
+    a header (generation, length, CRC-32) and the JSON body into the older of the two
+    slots of :func:`make_slots`'s file, then ``fdatasync``."""
+    fd = os.open(directory / "cursors.slots", os.O_WRONLY)
+    try:
+        generation = 0
+        while not stop.wait(every_s):
+            generation += 1
+            body = json.dumps(
+                {f"hook{i:02}": {"upto": generation * 100 + i} for i in range(10)}
+            ).encode()
+            header = struct.pack("<QII", generation, len(body), zlib.crc32(body))
+            os.pwrite(fd, header + body, (generation % 2) * SLOT_BYTES)
+            os.fdatasync(fd)
+    finally:
+        os.close(fd)
+
+
+SAVERS = {"store": save_cursors, "in-place": save_in_place}
 
 
 def append_window(
@@ -106,6 +155,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     os.posix_fallocate(fd, 0, SEGMENT_BYTES)
     os.fsync(fd)
     record = os.urandom(args.record)
+    if args.saver == "in-place":
+        make_slots(base)
     offset = 0
     sides: dict[str, list[float]] = {"quiet": [], "saves": []}
     windows: list[dict[str, Any]] = []
@@ -119,7 +170,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             saver = None
             if side == "saves":
                 saver = context.Process(
-                    target=save_cursors, args=(base, args.save_every, stop), daemon=True
+                    target=SAVERS[args.saver], args=(base, args.save_every, stop), daemon=True
                 )
                 saver.start()
             try:
@@ -141,6 +192,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "rate_per_s": args.rate,
         "record_bytes": args.record,
         "save_every_s": args.save_every,
+        "saver": args.saver,
         "window_s": args.window_s,
         "windows_each": args.windows,
         "load_average": os.getloadavg(),
@@ -160,6 +212,12 @@ def main() -> None:
     parser.add_argument("--rate", type=float, default=100.0, help="appends a second")
     parser.add_argument("--record", type=int, default=400, help="bytes an append")
     parser.add_argument("--save-every", type=float, default=1.0, help="seconds between saves")
+    parser.add_argument(
+        "--saver",
+        choices=sorted(SAVERS),
+        default="store",
+        help="store: the real FileCursorStore; in-place: two preallocated slots (a probe)",
+    )
     parser.add_argument("--window-s", type=float, default=10.0)
     parser.add_argument("--windows", type=int, default=6, help="windows of each side")
     parser.add_argument("--dir", default=None, help="where (default: the system's temp dir)")
