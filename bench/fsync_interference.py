@@ -36,7 +36,6 @@ import json
 import multiprocessing
 import os
 import shutil
-import statistics
 import struct
 import sys
 import tempfile
@@ -47,6 +46,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from bench.support.latency import added_percent, percentiles_ms
 from registry.segments import fsync_dir
 from whip.webhooks.cursor import CursorState, FileCursorStore
 
@@ -117,7 +117,7 @@ def append_window(
     fd: int, offset: int, record: bytes, rate: float, seconds: float
 ) -> tuple[list[float], int]:
     """Append ``record`` at ``rate`` a second for ``seconds``: each ``fdatasync``'s
-    milliseconds, and the new offset."""
+    seconds, and the new offset."""
     latencies: list[float] = []
     started = time.monotonic()
     count = int(rate * seconds)
@@ -129,23 +129,8 @@ def append_window(
         offset += len(record)
         t0 = time.perf_counter()
         os.fdatasync(fd)
-        latencies.append((time.perf_counter() - t0) * 1000)
+        latencies.append(time.perf_counter() - t0)
     return latencies, offset
-
-
-def percentiles(values: list[float]) -> dict[str, float]:
-    ordered = sorted(values)
-
-    def at(q: float) -> float:
-        return round(ordered[min(len(ordered) - 1, int(q * len(ordered)))], 3)
-
-    return {
-        "p50_ms": at(0.5),
-        "p90_ms": at(0.9),
-        "p99_ms": at(0.99),
-        "max_ms": round(ordered[-1], 3),
-        "mean_ms": round(statistics.fmean(ordered), 3),
-    }
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
@@ -182,7 +167,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                     if saver.is_alive():
                         saver.kill()
             sides[side] += latencies
-            windows.append({"side": side, **percentiles(latencies)})
+            windows.append({"side": side, **percentiles_ms(latencies, with_max=True)})
             print(f"[fsync_interference] {side}: {windows[-1]}", file=sys.stderr, flush=True)
     finally:
         os.close(fd)
@@ -196,12 +181,12 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "window_s": args.window_s,
         "windows_each": args.windows,
         "load_average": os.getloadavg(),
-        "pooled": {side: percentiles(values) for side, values in sides.items()},
+        "pooled": {side: percentiles_ms(values, with_max=True) for side, values in sides.items()},
         "windows": windows,
     }
     quiet, saves = out["pooled"]["quiet"], out["pooled"]["saves"]
     out["added_percent"] = {
-        key.removesuffix("_ms"): round(100 * (saves[key] / quiet[key] - 1), 1) for key in quiet
+        key.removesuffix("_ms"): added_percent(quiet[key], saves[key]) for key in quiet
     }
     return out
 

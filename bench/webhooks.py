@@ -67,6 +67,7 @@ if sys.path[0] != str(REPO):
 
 from aiohttp import web  # noqa: E402
 
+from bench.support.latency import added_percent, percentiles_ms  # noqa: E402
 from bench.support.saturated_delivery import saturated  # noqa: E402
 from registry.events import NewEvent  # noqa: E402
 from registry.timeline import Timeline, TimelineConfig  # noqa: E402
@@ -83,20 +84,6 @@ SECRET = os.urandom(32)
 
 def log(message: str) -> None:
     print(f"[webhooks {time.strftime('%H:%M:%S')}] {message}", file=sys.stderr, flush=True)
-
-
-def percentiles(samples: list[float]) -> dict[str, float]:
-    ordered = sorted(samples)
-
-    def at(q: float) -> float:
-        return round(ordered[min(len(ordered) - 1, int(q * len(ordered)))] * 1000, 3)
-
-    return {
-        "p50_ms": at(0.50),
-        "p90_ms": at(0.90),
-        "p99_ms": at(0.99),
-        "mean_ms": round(statistics.fmean(ordered) * 1000, 3),
-    }
 
 
 class RawReceiver(asyncio.Protocol):
@@ -448,7 +435,7 @@ async def round_with_thread(
 
 
 def added(figures: dict[str, Any], mode: str, stat: str) -> float:
-    return round(100 * (float(figures[mode][stat]) / float(figures["none"][stat]) - 1), 1)
+    return added_percent(float(figures["none"][stat]), float(figures[mode][stat]))
 
 
 _T95 = ((1, 12.71), (2, 4.30), (3, 3.18), (4, 2.78), (5, 2.57), (6, 2.45), (7, 2.36),
@@ -507,7 +494,7 @@ async def confirm_latency(
                     latencies = await round_with_thread(
                         timeline, cursors / "thread", url, webhooks, load, appends, producers
                     )
-                figures[mode] = percentiles(latencies)
+                figures[mode] = percentiles_ms(latencies)
                 pooled[mode] += latencies
             for mode in modes[1:]:
                 figures[f"added_p50_percent_{mode}"] = added(figures, mode, "p50_ms")
@@ -518,17 +505,10 @@ async def confirm_latency(
             log(f"{workload} round {order}: {figures}")
     finally:
         await asyncio.to_thread(timeline.close)
-    summary = {
-        key: statistics.median(r[key] for r in rounds)
-        for key in rounds[0]
-        if key.startswith("added_")
-    }
-    intervals = {
-        key: mean_interval([r[key] for r in rounds])
-        for key in rounds[0]
-        if key.startswith("added_")
-    }
-    every: dict[str, Any] = {mode: percentiles(samples) for mode, samples in pooled.items()}
+    added_keys = [key for key in rounds[0] if key.startswith("added_")]
+    summary = {key: statistics.median(r[key] for r in rounds) for key in added_keys}
+    intervals = {key: mean_interval([r[key] for r in rounds]) for key in added_keys}
+    every: dict[str, Any] = {mode: percentiles_ms(samples) for mode, samples in pooled.items()}
     cpu = sum(r["cpu_s"] for r in CHILD_CPU)
     deliveries = sum(r["deliveries"] for r in CHILD_CPU)
     every["delivery_process_cpu"] = {
