@@ -91,12 +91,10 @@ def wait_tracks_open(
     """Block until every track is open; TimeoutError after ``timeout_s`` or once the peer
     is ``Failed``."""
     deadline = time.monotonic() + timeout_s
-    while states.poll() != "Failed" and not all(track.is_open() for track in tracks):
-        if time.monotonic() > deadline:
+    while not all(track.is_open() for track in tracks):
+        if states.poll() == "Failed" or time.monotonic() > deadline:
             raise TimeoutError(f"tracks never opened; peer states {states.seen}")
         time.sleep(0.01)
-    if states.seen[-1] == "Failed":
-        raise TimeoutError(f"tracks never opened; peer states {states.seen}")
 
 
 def paced[T](items: Iterable[T], fps: int) -> Iterator[tuple[int, T]]:
