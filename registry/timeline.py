@@ -142,6 +142,9 @@ class Timeline:
         self.confirm_latency: Histogram = self.wal.confirm_latency
         """Seconds from ``append`` to its durable confirmation (async appends): until the
         appender's future is resolved on its loop (recorded per batch, not per append)."""
+        self.sync_latency: Histogram = self.wal.sync_latency
+        """Seconds each group commit's ``fdatasync`` took (the disk's share of
+        ``confirm_latency``)."""
         self.batch_sizes = Histogram(BATCH_SIZES)
         """Events per group commit (one fsync each)."""
         self.event_counts: Counter[str] = Counter()

@@ -145,6 +145,9 @@ class Wal:
         self.confirm_latency = Histogram(LATENCY_S)
         """Seconds from an asyncio append's start to its future being resolved on its
         loop (observed once per batch and loop; thread producers are not timed)."""
+        self.sync_latency = Histogram(LATENCY_S)
+        """Seconds each batch's ``fdatasync`` took: the disk's share of
+        ``confirm_latency`` (observed on the writer thread, once per durable batch)."""
         self._queue: WalQueue[PendingAppend] = WalQueue(self.options.queue_capacity)
         self._segments = SegmentFiles(wal_dir, self.options.segment_bytes)
         self._reader = WalReader(self._segments.paths, self.options.max_record_bytes)
@@ -290,12 +293,14 @@ class Wal:
         try:
             if self.faults is not None:
                 self.faults.before_fsync()
+            sync_started = _monotonic()
             segments.sync()
         except OSError as exc:
             self._broken = exc
             logger.critical("wal: fdatasync failed, the log is now read-only: %s", exc)
             self._fail(batch, TimelineBrokenError("WAL fsync failed"), exc)
             return
+        self.sync_latency.observe(_monotonic() - sync_started)
         segments.size += len(data)
         self._next_seq = first + len(batch)
         stats = self.stats

@@ -61,6 +61,9 @@ async def test_threads_and_tasks_confirmed_seqs_are_durable_once_and_in_order(
     assert len(confirmed) == total
     assert len(set(confirmed.values())) == total, "two appends confirmed with the same seq"
     assert timeline.wal.stats.fsyncs < total, "no group commit happened"
+    synced = timeline.sync_latency.read()
+    assert synced.count == timeline.wal.stats.fsyncs, "a group commit's fdatasync went untimed"
+    assert synced.total > 0
 
     await timeline.aclose()
     reopened = await asyncio.to_thread(timeline_factory, data_dir)

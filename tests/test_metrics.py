@@ -75,6 +75,9 @@ async def test_two_runs_one_rejected_one_deleted(server: TestServer) -> None:
     assert 1 <= value("whip_fsyncs_total") <= at_scrape
     assert value("whip_post_seconds_count") == 2
     assert value("whip_wal_batch_events_count") == value("whip_fsyncs_total")
+    # Histograms are read after the counters, and each fdatasync is timed before it counts.
+    assert value("whip_wal_fsync_seconds_count") >= value("whip_fsyncs_total")
+    assert value("whip_wal_fsync_seconds_sum") > 0
     per_session = {k for k in metrics if k[0] == "whip_session_bytes_in_total"}
     assert per_session == {
         (

@@ -376,6 +376,11 @@ class ServerCollector(Collector):
                 self.timeline.confirm_latency,
             )
             yield _histogram(
+                "wal_fsync_seconds",
+                "fdatasync of one group commit (the disk's share of the confirmation)",
+                self.timeline.sync_latency,
+            )
+            yield _histogram(
                 "wal_batch_events", "events per fsync (group commit)", self.timeline.batch_sizes
             )
         yield _histogram("post_seconds", "WHIP POST to 201", self.manager.post_latency)
