@@ -9,7 +9,10 @@ aiohttp receiver on 127.0.0.1 in another child process (its own CPU, as a real
 receiver's) that answers 204 at once and checks nothing (the receiver's cost is not the
 server's). ``--compare-thread`` adds, in the same rounds, the design before it: the
 dispatchers on a thread of this process (:mod:`whip.webhooks.delivery_thread`) with their
-HTTP attempts in :mod:`whip.webhooks.attempt_process`. ``--compare-nice`` adds the
+HTTP attempts in :mod:`whip.webhooks.attempt_process`. ``--compare-unflushed`` adds the
+delivery process with its cursor file written only at its close (mode ``unflushed``: what
+the cursor file's writes, one ``fsync`` and rename a second, add to the appends' confirm
+latency, told apart from the rest of delivery). ``--compare-nice`` adds the
 delivery process kept at ``nice`` (mode ``nice``) against the default, whose governor puts
 it at ``SCHED_IDLE`` while it keeps up (:mod:`whip.webhooks.child_priority`; each round's
 ``delivery_process_cpu`` entry says which it was and how often it starved).
@@ -29,7 +32,11 @@ Sections:
    ``mean_of_rounds`` is each added percentage's mean over the rounds with its 95 %
    confidence interval (Student's t, a round one sample): how far the rounds' spread
    lets a figure be told from a bound such as issue 14's 5 %.
-   Percentiles in milliseconds, and the added latency in percent. Three workloads:
+   Percentiles in milliseconds, and the added latency in percent. Each mode's
+   ``fsync_mean_ms`` is the WAL's mean ``fdatasync`` per group commit in its windows
+   (``Timeline.sync_latency``); ``pooled`` also gives the added mean in milliseconds and
+   the added ``fdatasync`` mean beside it (``added_mean_ms_*``, ``added_fsync_mean_ms_*``):
+   how much of what webhooks add is the disk, the rest being CPU. Three workloads:
    ``ingest_mix`` (a steady ``--mix-rate`` appends/s, default 100, mostly ``stats``,
    every 10th a lifecycle type: what a server's timeline sees), ``every_event_paced``
    (a steady ``--paced-rate`` appends/s, default 150, every event wanted by every webhook:
@@ -73,7 +80,7 @@ from registry.events import NewEvent  # noqa: E402
 from registry.timeline import Timeline, TimelineConfig  # noqa: E402
 from whip.webhooks.attempt_process import AttemptProcess  # noqa: E402
 from whip.webhooks.config import WebhookConfig  # noqa: E402
-from whip.webhooks.cursor import CursorState, FileCursorStore  # noqa: E402
+from whip.webhooks.cursor import FLUSH_INTERVAL_S, CursorState, FileCursorStore  # noqa: E402
 from whip.webhooks.delivery_process import DeliveryProcess  # noqa: E402
 from whip.webhooks.delivery_thread import DeliveryThread  # noqa: E402
 from whip.webhooks.dispatcher import WebhookDispatcher  # noqa: E402
@@ -370,13 +377,21 @@ async def round_with_process(
     producers: int,
     *,
     sched_idle: bool = True,
+    cursor_flush_s: float = FLUSH_INTERVAL_S,
 ) -> list[float]:
     """One measured window with ``count`` webhooks in the delivery process (``sched_idle``
-    false: kept at ``nice``, whatever its governor would do)."""
+    false: kept at ``nice``, whatever its governor would do; ``cursor_flush_s``: the
+    cursor file's group-commit window)."""
     round_id = next(ROUND_IDS)
     hooks = [webhook(f"r{round_id}-hook{n:02d}", url) for n in range(count)]
     delivery = DeliveryProcess(
-        hooks, timeline, base, "uvloop", gather_s=FEED_GATHER_S, sched_idle=sched_idle
+        hooks,
+        timeline,
+        base,
+        "uvloop",
+        gather_s=FEED_GATHER_S,
+        sched_idle=sched_idle,
+        cursor_flush_s=cursor_flush_s,
     )
     await delivery.start()
     assert delivery.pid is not None
@@ -392,6 +407,7 @@ async def round_with_process(
                 "cpu_s": round(cpu, 3),
                 "deliveries": successes,
                 "sched_idle": sched_idle,
+                "cursor_flush_s": cursor_flush_s,
                 "starvations": delivery.governor.starvations,
             }
         )
@@ -399,6 +415,10 @@ async def round_with_process(
         await delivery.aclose()
     return latencies
 
+
+UNFLUSHED_S = 1e6
+"""``--compare-unflushed``: a group-commit window longer than any round, so the delivery
+process writes its cursor file only at its close (after the measured window)."""
 
 ROUND_IDS = itertools.count()
 """Names the webhooks of each round anew: new webhooks start at the log's end, so a round
@@ -467,19 +487,23 @@ async def confirm_latency(
     modes = (
         ["none", "webhooks"]
         + (["nice"] if args.compare_nice else [])
+        + (["unflushed"] if args.compare_unflushed else [])
         + (["thread"] if args.compare_thread else [])
     )
     rounds: list[dict[str, Any]] = []
     pooled: dict[str, list[float]] = {mode: [] for mode in modes}
+    pooled_sync: dict[str, list[float]] = {mode: [0.0, 0] for mode in modes}
+    """Per mode: seconds of the WAL's ``fdatasync`` in its windows, and how many."""
     try:
         await load(timeline, appends // 4, producers)  # warm-up
         for number in range(args.rounds * 2):
             order = modes if number % 2 == 0 else modes[::-1]
             figures: dict[str, Any] = {}
             for mode in order:
+                synced_before = timeline.sync_latency.read()
                 if mode == "none":
                     latencies = await load(timeline, appends, producers)
-                elif mode in ("webhooks", "nice"):
+                elif mode in ("webhooks", "nice", "unflushed"):
                     latencies = await round_with_process(
                         timeline,
                         cursors / "process",
@@ -488,14 +512,23 @@ async def confirm_latency(
                         load,
                         appends,
                         producers,
-                        sched_idle=mode == "webhooks",
+                        sched_idle=mode != "nice",
+                        cursor_flush_s=UNFLUSHED_S if mode == "unflushed" else FLUSH_INTERVAL_S,
                     )
                 else:
                     latencies = await round_with_thread(
                         timeline, cursors / "thread", url, webhooks, load, appends, producers
                     )
-                figures[mode] = percentiles_ms(latencies)
+                synced = timeline.sync_latency.read()
+                sync_s = synced.total - synced_before.total
+                syncs = synced.count - synced_before.count
+                figures[mode] = {
+                    **percentiles_ms(latencies),
+                    "fsync_mean_ms": round(1e3 * sync_s / syncs, 3) if syncs else None,
+                }
                 pooled[mode] += latencies
+                pooled_sync[mode][0] += sync_s
+                pooled_sync[mode][1] += syncs
             for mode in modes[1:]:
                 figures[f"added_p50_percent_{mode}"] = added(figures, mode, "p50_ms")
                 figures[f"added_p90_percent_{mode}"] = added(figures, mode, "p90_ms")
@@ -509,6 +542,8 @@ async def confirm_latency(
     summary = {key: statistics.median(r[key] for r in rounds) for key in added_keys}
     intervals = {key: mean_interval([r[key] for r in rounds]) for key in added_keys}
     every: dict[str, Any] = {mode: percentiles_ms(samples) for mode, samples in pooled.items()}
+    for mode, (sync_s, syncs) in pooled_sync.items():
+        every[mode]["fsync_mean_ms"] = round(1e3 * sync_s / syncs, 3) if syncs else None
     cpu = sum(r["cpu_s"] for r in CHILD_CPU)
     deliveries = sum(r["deliveries"] for r in CHILD_CPU)
     every["delivery_process_cpu"] = {
@@ -519,6 +554,12 @@ async def confirm_latency(
     for mode in modes[1:]:
         for stat in ("p50_ms", "p90_ms", "p99_ms", "mean_ms"):
             every[f"added_{stat.removesuffix('_ms')}_percent_{mode}"] = added(every, mode, stat)
+        # The added mean in milliseconds, and how much of it the disk took: the WAL's
+        # fdatasync (the rest is CPU: the loop, the writer thread, their wake-ups).
+        every[f"added_mean_ms_{mode}"] = round(every[mode]["mean_ms"] - every["none"]["mean_ms"], 4)
+        fsync, fsync_none = every[mode]["fsync_mean_ms"], every["none"]["fsync_mean_ms"]
+        if fsync is not None and fsync_none is not None:
+            every[f"added_fsync_mean_ms_{mode}"] = round(fsync - fsync_none, 4)
     return {
         "appends": appends,
         "producers": producers,
@@ -572,6 +613,7 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
         "split_cores": SPLIT_CORES[0],
         "delivery": "process"
         + (", kept at nice (compared)" if args.compare_nice else "")
+        + (", cursor file unflushed (compared)" if args.compare_unflushed else "")
         + (" and thread (compared)" if args.compare_thread else ""),
     }
 
@@ -609,6 +651,12 @@ def parse_args() -> argparse.Namespace:
         "--compare-nice",
         action="store_true",
         help="also the delivery process kept at nice (mode `nice`), not SCHED_IDLE",
+    )
+    parser.add_argument(
+        "--compare-unflushed",
+        action="store_true",
+        help="also the delivery process with its cursor file written only at its close "
+        "(mode `unflushed`): the cursor file's share of what webhooks cost the appends",
     )
     parser.add_argument(
         "--receiver-nice",

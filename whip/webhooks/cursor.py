@@ -122,6 +122,10 @@ def _read_mark(name: str, entry: dict[str, object]) -> DisabledMark | None:
     return DisabledMark(url, at_ms, reason)
 
 
+FLUSH_INTERVAL_S = 1.0
+"""The cursor file's default group-commit window (:class:`FileCursorStore`)."""
+
+
 class FileCursorStore:
     """Every webhook's cursor in one file, ``<directory>/cursors.json``, group-committed.
 
@@ -133,7 +137,7 @@ class FileCursorStore:
 
     FILE_NAME = "cursors.json"
 
-    def __init__(self, directory: Path, flush_interval_s: float = 1.0) -> None:
+    def __init__(self, directory: Path, flush_interval_s: float = FLUSH_INTERVAL_S) -> None:
         self.directory = directory
         self.path = directory / self.FILE_NAME
         self._flush_interval_s = flush_interval_s

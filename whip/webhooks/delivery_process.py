@@ -28,13 +28,14 @@ Rules:
   dispatchers', unchanged; the child only moves them off the server's interpreter.
 - **Frames** both ways, the child started and connected as :mod:`whip.webhooks.
   child_pipes` says (a JSON header, a raw body). To the child: ``start`` (the webhooks,
-  with their secrets: the pipe is the server's own; the WAL and cursor directories;
-  ``upto``; the log level), then ``durable`` and ``status`` requests. From the child:
-  ``ready`` once every dispatcher started, or ``failed`` with the error (a cursor file
-  that is not one refuses the server's start, as in the server's process:
-  :class:`~whip.webhooks.cursor.CursorFileError`); ``status`` with every webhook's
-  ``GET /v1/webhooks`` item as the body (JSON), pushed whenever an item changed (checked
-  every :data:`STATUS_INTERVAL_S`) and answered at once to a request (``id``).
+  with their secrets: the pipe is the server's own; the WAL and cursor directories; the
+  cursor file's group-commit window; ``upto``; the log level), then ``durable`` and
+  ``status`` requests. From the child: ``ready`` once every dispatcher started, or
+  ``failed`` with the error (a cursor file that is not one refuses the server's start,
+  as in the server's process: :class:`~whip.webhooks.cursor.CursorFileError`);
+  ``status`` with every webhook's ``GET /v1/webhooks`` item as the body (JSON), pushed
+  whenever an item changed (checked every :data:`STATUS_INTERVAL_S`) and answered at
+  once to a request (``id``).
 - **What the server shows**: :class:`RemoteWebhook` (one per entry, the
   :class:`~whip.webhooks.status.WebhookStatus` of the routes and the metrics) holds the
   last pushed item, parsed only when read; :meth:`RemoteWebhook.describe` asks the child
@@ -105,7 +106,12 @@ from whip.webhooks.child_priority import (
     reset_to_normal_policy,
 )
 from whip.webhooks.config import WebhookConfig
-from whip.webhooks.cursor import CursorFileError, FileCursorStore, forget_unconfigured
+from whip.webhooks.cursor import (
+    FLUSH_INTERVAL_S,
+    CursorFileError,
+    FileCursorStore,
+    forget_unconfigured,
+)
 from whip.webhooks.delivery import shown_url
 from whip.webhooks.dispatcher import WebhookDispatcher
 from whip.webhooks.followed_log import FollowedLog
@@ -255,16 +261,21 @@ class DeliveryProcess:
         tuning: PriorityTuning | None = None,
         sched_idle: bool = True,
         leave_idle_in_place: bool = True,
+        cursor_flush_s: float = FLUSH_INTERVAL_S,
     ) -> None:
         """``sched_idle`` false: the child stays at ``nice`` (what ``bench/webhooks.py``
         compares the governor with). ``leave_idle_in_place`` false: a starved child is
-        always replaced, as where the kernel refuses to move it (tests)."""
+        always replaced, as where the kernel refuses to move it (tests).
+        ``cursor_flush_s``: the child's cursor file group-commit window
+        (:class:`~whip.webhooks.cursor.FileCursorStore`; ``bench/webhooks.py`` lengthens
+        it to tell the cursor file's share of the cost on the WAL)."""
         self._config = [webhook_to_json(webhook) for webhook in webhooks]
         self.webhooks = [RemoteWebhook(self, webhook) for webhook in webhooks]
         self._timeline = timeline
         self._cursor_dir = cursor_dir
         self._kind = kind
         self._gather_s = gather_s
+        self._cursor_flush_s = cursor_flush_s
         self._subscription: FeedSubscription | None = None
         self._child: _Child | None = None
         self._writer: asyncio.WriteTransport | None = None
@@ -324,6 +335,7 @@ class DeliveryProcess:
                     "webhooks": self._config,
                     "wal_dir": str(self._timeline.config.data_dir / "wal"),
                     "cursor_dir": str(self._cursor_dir),
+                    "cursor_flush_s": self._cursor_flush_s,
                     "max_record_bytes": self._timeline.config.max_record_bytes,
                     "upto": upto,
                     "log_level": logging.getLogger().getEffectiveLevel(),
@@ -591,7 +603,7 @@ class _Delivery:
         webhooks = [webhook_from_json(entry) for entry in start["webhooks"]]
         log = FollowedLog(Path(start["wal_dir"]), int(start["max_record_bytes"]))
         await log.start(int(start["upto"]))
-        store = FileCursorStore(Path(start["cursor_dir"]))
+        store = FileCursorStore(Path(start["cursor_dir"]), float(start["cursor_flush_s"]))
         await forget_unconfigured(store, {webhook.name for webhook in webhooks})
         dispatchers = [WebhookDispatcher(webhook, log, store) for webhook in webhooks]
         group = WebhookGroup(dispatchers, log, gather_s=0.0)
