@@ -44,6 +44,11 @@ Sections:
    and ``every_event_wanted`` (back to back, every event wanted: a burst; its window is
    about 0.1 s, while its 20,000 deliveries take seconds, so it measures the first tenth
    of a second of a delivery burst, child warm-up included).
+3. ``confirm_latency_interleaved`` (``--interleaved-pairs N``, per workload): the same
+   question in short alternating windows of ``--window-appends`` appends, one delivery
+   process alive throughout and stopped in the ``none`` windows
+   (:mod:`bench.support.interleaved_webhooks`): the host's drift between windows falls
+   on both sides alike, and no window holds a child's start.
 
 Usage::
 
@@ -74,7 +79,8 @@ if sys.path[0] != str(REPO):
 
 from aiohttp import web  # noqa: E402
 
-from bench.support.latency import added_percent, percentiles_ms  # noqa: E402
+from bench.support.interleaved_webhooks import interleaved_cost, wait_remote_cursors  # noqa: E402
+from bench.support.latency import added_percent, mean_interval, percentiles_ms  # noqa: E402
 from bench.support.saturated_delivery import saturated  # noqa: E402
 from registry.events import NewEvent  # noqa: E402
 from registry.timeline import Timeline, TimelineConfig  # noqa: E402
@@ -192,21 +198,6 @@ async def wait_cursor(dispatcher: WebhookDispatcher, seq: int, within_s: float) 
     while dispatcher.ledger is None or dispatcher.ledger.upto < seq:
         if time.monotonic() > deadline:
             raise RuntimeError(f"cursor not at {seq} within {within_s} s: {dispatcher.status()}")
-        await asyncio.sleep(0.005)
-
-
-async def wait_remote_cursors(delivery: DeliveryProcess, seq: int, within_s: float) -> None:
-    """Until every webhook of the delivery process has its cursor at ``seq`` (bounded;
-    asks the child, so only between measured windows)."""
-    deadline = time.monotonic() + within_s
-    while True:
-        await delivery.refresh()
-        items = delivery.items()
-        cursors = [items.get(w.name, {}).get("cursor", 0) for w in delivery.webhooks]
-        if all(isinstance(c, int) and c >= seq for c in cursors):
-            return
-        if time.monotonic() > deadline:
-            raise RuntimeError(f"cursors not at {seq} within {within_s} s: {cursors}")
         await asyncio.sleep(0.005)
 
 
@@ -378,10 +369,12 @@ async def round_with_process(
     *,
     sched_idle: bool = True,
     cursor_flush_s: float = FLUSH_INTERVAL_S,
-) -> list[float]:
+    warmup_appends: int = 0,
+) -> Window:
     """One measured window with ``count`` webhooks in the delivery process (``sched_idle``
     false: kept at ``nice``, whatever its governor would do; ``cursor_flush_s``: the
-    cursor file's group-commit window)."""
+    cursor file's group-commit window; ``warmup_appends``: appended and delivered after
+    the child's start, before the measured window)."""
     round_id = next(ROUND_IDS)
     hooks = [webhook(f"r{round_id}-hook{n:02d}", url) for n in range(count)]
     delivery = DeliveryProcess(
@@ -389,16 +382,19 @@ async def round_with_process(
         timeline,
         base,
         "uvloop",
-        gather_s=FEED_GATHER_S,
+        gather_s=GATHER_S[0],
         sched_idle=sched_idle,
         cursor_flush_s=cursor_flush_s,
     )
     await delivery.start()
     assert delivery.pid is not None
     off_server_core(delivery.pid)
-    cpu_before = process_cpu_s(delivery.pid)
     try:
-        latencies: list[float] = await load(timeline, appends, producers)
+        if warmup_appends:
+            await load(timeline, warmup_appends, producers)
+            await wait_remote_cursors(delivery, timeline.durable_seq, 600)
+        cpu_before = process_cpu_s(delivery.pid)
+        window = await measured(timeline, load, appends, producers)
         await wait_remote_cursors(delivery, timeline.durable_seq, 600)
         cpu = process_cpu_s(delivery.pid) - cpu_before
         successes = sum(remote.outcomes["success"] for remote in delivery.webhooks)
@@ -413,8 +409,25 @@ async def round_with_process(
         )
     finally:
         await delivery.aclose()
-    return latencies
+    return window
 
+
+Window = tuple[list[float], float, int]
+"""A measured window: the appends' confirm latencies (seconds), and the WAL's
+``fdatasync`` seconds and count in it."""
+
+
+async def measured(timeline: Timeline, load: Any, appends: int, producers: int) -> Window:
+    """``load`` run once as a measured :data:`Window`."""
+    synced_before = timeline.sync_latency.read()
+    latencies: list[float] = await load(timeline, appends, producers)
+    synced = timeline.sync_latency.read()
+    return latencies, synced.total - synced_before.total, synced.count - synced_before.count
+
+
+GATHER_S = [FEED_GATHER_S]
+"""``--gather-s``: how long the server's fan-out gathers durable batches before it tells the
+delivery process (the server's default; longer: fewer, larger wake-ups of the child)."""
 
 UNFLUSHED_S = 1e6
 """``--compare-unflushed``: a group-commit window longer than any round, so the delivery
@@ -438,7 +451,7 @@ def process_cpu_s(pid: int) -> float:
 
 async def round_with_thread(
     timeline: Timeline, base: Path, url: str, count: int, load: Any, appends: int, producers: int
-) -> list[float]:
+) -> Window:
     """One measured window with ``count`` webhooks on a delivery thread of this process,
     their attempts in the attempt child (the design before the delivery process)."""
     store = FileCursorStore(base)
@@ -448,33 +461,14 @@ async def round_with_thread(
         for n in range(count)
     ]
     async with on_delivery_thread(dispatchers, timeline):
-        latencies: list[float] = await load(timeline, appends, producers)
+        window = await measured(timeline, load, appends, producers)
         for d in dispatchers:
             await wait_cursor(d, timeline.durable_seq, 600)
-    return latencies
+    return window
 
 
 def added(figures: dict[str, Any], mode: str, stat: str) -> float:
     return added_percent(float(figures["none"][stat]), float(figures[mode][stat]))
-
-
-_T95 = ((1, 12.71), (2, 4.30), (3, 3.18), (4, 2.78), (5, 2.57), (6, 2.45), (7, 2.36),
-        (8, 2.31), (9, 2.26), (10, 2.23), (12, 2.18), (15, 2.13), (20, 2.09), (25, 2.06),
-        (30, 2.04), (40, 2.02), (60, 2.00), (120, 1.98))  # fmt: skip
-"""Student's t for a two-sided 95 % interval, by degrees of freedom (the nearest tabled
-value at or below; a wider interval, never a narrower one)."""
-
-
-def mean_interval(values: list[float]) -> dict[str, Any] | None:
-    """The mean of the rounds' values and its 95 % confidence interval (Student's t over
-    the rounds, each round one sample): whether an added percentage is told from a
-    bound, given how much the rounds move. None under two rounds."""
-    if len(values) < 2:
-        return None
-    t = next(t for df, t in reversed(_T95) if df <= len(values) - 1)
-    mean = statistics.fmean(values)
-    half = t * statistics.stdev(values) / len(values) ** 0.5
-    return {"mean": round(mean, 1), "ci95": [round(mean - half, 1), round(mean + half, 1)]}
 
 
 async def confirm_latency(
@@ -500,11 +494,12 @@ async def confirm_latency(
             order = modes if number % 2 == 0 else modes[::-1]
             figures: dict[str, Any] = {}
             for mode in order:
-                synced_before = timeline.sync_latency.read()
                 if mode == "none":
-                    latencies = await load(timeline, appends, producers)
+                    if args.warmup_appends:
+                        await load(timeline, args.warmup_appends, producers)
+                    window = await measured(timeline, load, appends, producers)
                 elif mode in ("webhooks", "nice", "unflushed"):
-                    latencies = await round_with_process(
+                    window = await round_with_process(
                         timeline,
                         cursors / "process",
                         url,
@@ -514,14 +509,13 @@ async def confirm_latency(
                         producers,
                         sched_idle=mode != "nice",
                         cursor_flush_s=UNFLUSHED_S if mode == "unflushed" else FLUSH_INTERVAL_S,
+                        warmup_appends=args.warmup_appends,
                     )
                 else:
-                    latencies = await round_with_thread(
+                    window = await round_with_thread(
                         timeline, cursors / "thread", url, webhooks, load, appends, producers
                     )
-                synced = timeline.sync_latency.read()
-                sync_s = synced.total - synced_before.total
-                syncs = synced.count - synced_before.count
+                latencies, sync_s, syncs = window
                 figures[mode] = {
                     **percentiles_ms(latencies),
                     "fsync_mean_ms": round(1e3 * sync_s / syncs, 3) if syncs else None,
@@ -571,6 +565,37 @@ async def confirm_latency(
     }
 
 
+async def confirm_latency_interleaved(
+    base: Path, url: str, args: argparse.Namespace, workload: str
+) -> dict[str, Any]:
+    """``--interleaved-pairs``: :mod:`bench.support.interleaved_webhooks` on a timeline of
+    its own, one delivery process with ``--webhooks`` webhooks for every window."""
+    directory = base / f"{workload}-interleaved"
+    timeline = await asyncio.to_thread(Timeline.open, TimelineConfig(directory))
+    try:
+        hooks = [webhook(f"interleaved-hook{n:02d}", url) for n in range(args.webhooks)]
+        delivery = DeliveryProcess(
+            hooks, timeline, directory / "webhooks", "uvloop", gather_s=GATHER_S[0]
+        )
+        await delivery.start()
+        try:
+            assert delivery.pid is not None
+            off_server_core(delivery.pid)
+            return await interleaved_cost(
+                timeline,
+                delivery,
+                WORKLOADS[workload],
+                pairs=args.interleaved_pairs,
+                window_appends=args.window_appends,
+                producers=args.producers,
+                log=log,
+            )
+        finally:
+            await delivery.aclose()
+    finally:
+        await asyncio.to_thread(timeline.close)
+
+
 async def main(args: argparse.Namespace) -> dict[str, Any]:
     load_before = os.getloadavg()
     if SPLIT_CORES[0]:
@@ -587,6 +612,10 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
             latency = {  # --rounds 0: the throughput only
                 workload: await confirm_latency(base, url, args, workload)
                 for workload in (args.workloads if args.rounds > 0 else [])
+            }
+            interleaved = {
+                workload: await confirm_latency_interleaved(base, url, args, workload)
+                for workload in (args.workloads if args.interleaved_pairs > 0 else [])
             }
             busy_host = None
             if args.saturated > 0:
@@ -605,11 +634,13 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
         "load_average_after": os.getloadavg(),
         "throughput": result_throughput,
         "confirm_latency": latency,
+        "confirm_latency_interleaved": interleaved,
         "saturated_host": busy_host,
         "ingest_mix_rate_per_s": MIX_RATE_PER_S[0],
         "every_event_paced_rate_per_s": PACED_RATE_PER_S[0],
         "receiver": RECEIVER[0],
         "receiver_nice": RECEIVER_NICE[0],
+        "gather_s": GATHER_S[0],
         "split_cores": SPLIT_CORES[0],
         "delivery": "process"
         + (", kept at nice (compared)" if args.compare_nice else "")
@@ -635,6 +666,30 @@ def parse_args() -> argparse.Namespace:
         "--paced-rate", type=float, default=150.0, help="every_event_paced appends/s"
     )
     parser.add_argument("--rounds", type=int, default=1, help="pairs of rounds (both orders)")
+    parser.add_argument(
+        "--interleaved-pairs",
+        type=int,
+        default=0,
+        help="also per workload this many pairs of short alternating windows, one delivery "
+        "process stopped in the `none` ones (bench/support/interleaved_webhooks.py); 0: skip",
+    )
+    parser.add_argument(
+        "--warmup-appends",
+        type=int,
+        default=0,
+        help="before each measured round, this many appends not measured (in the process "
+        "modes after the child's start, delivered before the window): steady state only",
+    )
+    parser.add_argument(
+        "--gather-s",
+        type=float,
+        default=FEED_GATHER_S,
+        help="the fan-out's gather window of the measured delivery processes (default: the "
+        "server's)",
+    )
+    parser.add_argument(
+        "--window-appends", type=int, default=500, help="appends in an interleaved window"
+    )
     parser.add_argument(
         "--compare-thread",
         action="store_true",
@@ -679,12 +734,15 @@ def parse_args() -> argparse.Namespace:
     args = parser.parse_args()
     if args.quick:
         args.backlog, args.runs, args.appends = 2_000, 20, 400
+        args.interleaved_pairs = min(args.interleaved_pairs, 2)
+        args.window_appends = min(args.window_appends, 200)
     return args
 
 
 if __name__ == "__main__":
     arguments = parse_args()
     MIX_RATE_PER_S[0] = arguments.mix_rate
+    GATHER_S[0] = arguments.gather_s
     PACED_RATE_PER_S[0] = arguments.paced_rate
     RECEIVER_NICE[0] = arguments.receiver_nice
     RECEIVER[0] = arguments.receiver

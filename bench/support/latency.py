@@ -1,10 +1,11 @@
 """Latency figures the benches share: percentiles in milliseconds of samples in seconds,
-and the percentage one figure adds to another."""
+the percentage one figure adds to another, and a mean with its 95 % interval."""
 
 from __future__ import annotations
 
 import statistics
 from collections.abc import Sequence
+from typing import Any
 
 
 def percentiles_ms(samples_s: Sequence[float], *, with_max: bool = False) -> dict[str, float]:
@@ -25,3 +26,22 @@ def percentiles_ms(samples_s: Sequence[float], *, with_max: bool = False) -> dic
 def added_percent(base: float, other: float) -> float:
     """What ``other`` adds to ``base``, in percent, one decimal."""
     return round(100 * (other / base - 1), 1)
+
+
+_T95 = ((1, 12.71), (2, 4.30), (3, 3.18), (4, 2.78), (5, 2.57), (6, 2.45), (7, 2.36),
+        (8, 2.31), (9, 2.26), (10, 2.23), (12, 2.18), (15, 2.13), (20, 2.09), (25, 2.06),
+        (30, 2.04), (40, 2.02), (60, 2.00), (120, 1.98))  # fmt: skip
+"""Student's t for a two-sided 95 % interval, by degrees of freedom (the nearest tabled
+value at or below; a wider interval, never a narrower one)."""
+
+
+def mean_interval(values: list[float]) -> dict[str, Any] | None:
+    """The mean of the rounds' values and its 95 % confidence interval (Student's t over
+    the rounds, each round one sample): whether an added percentage is told from a
+    bound, given how much the rounds move. None under two rounds."""
+    if len(values) < 2:
+        return None
+    t = next(t for df, t in reversed(_T95) if df <= len(values) - 1)
+    mean = statistics.fmean(values)
+    half = t * statistics.stdev(values) / len(values) ** 0.5
+    return {"mean": round(mean, 1), "ci95": [round(mean - half, 1), round(mean + half, 1)]}

@@ -1,0 +1,150 @@
+"""What webhooks cost the appends, in short alternating windows with one delivery process
+alive throughout (``bench/webhooks.py --interleaved-pairs``).
+
+Why: ``bench/webhooks.py``'s rounds start a delivery process for each ``webhooks`` round
+and measure 20 s windows one after another. A round's added mean moved by 13-18 points
+while within a window the mean is known to about 1 %, so what moves is the host between
+windows tens of seconds apart (and each round's child start falls into its window). The
+decode bench met the same noise and answered it with short interleaved segments
+(:mod:`bench.support.interleaved_decode`); this is that method for the webhooks.
+
+Method:
+
+- One :class:`~whip.webhooks.delivery_process.DeliveryProcess` (the caller's, started)
+  serves every window, so no window holds a child's start.
+- Windows of ``window_appends`` appends (the workload's own pacing) alternate: in a
+  ``webhooks`` window the child follows the log and delivers as in the server; in a
+  ``none`` window it is stopped (``SIGSTOP``: no CPU, no I/O). The order is reversed every
+  pair, so drift falls on both sides alike.
+- After every window the child is continued (``SIGCONT``) and the bench waits until every
+  cursor is at the log's end before the next window starts: a ``webhooks`` window
+  measures deliveries keeping up with the appends, never a backlog left by the window
+  before.
+- What ``none`` still has: the server's side of the webhooks, its one ``durable`` frame
+  written into the child's pipe per gathered wake-up (about 20 small writes a second at
+  100 appends/s; the pipe holds them while the child is stopped). The figure is low by
+  that share, a few microseconds of the loop's time a second.
+- Per window: the confirm-latency percentiles and the WAL's mean ``fdatasync`` per group
+  commit (``Timeline.sync_latency``). Per pair: the added percentages of its ``webhooks``
+  window over its ``none`` window. Output: every window's samples pooled per side, the
+  added figures of the pooled samples, and the pairs' mean added figures with a 95 %
+  interval (a pair one sample).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import time
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from bench.support.latency import added_percent, mean_interval, percentiles_ms
+from registry.timeline import Timeline
+from whip.webhooks.delivery_process import DeliveryProcess
+
+Load = Callable[[Timeline, int, int], Awaitable[list[float]]]
+"""``load(timeline, appends, producers)``: the appends' confirm latencies in seconds."""
+
+SIDES = ("none", "webhooks")
+
+
+async def wait_remote_cursors(delivery: DeliveryProcess, seq: int, within_s: float) -> None:
+    """Until every webhook of the delivery process has its cursor at ``seq`` (bounded;
+    asks the child, so only between measured windows)."""
+    deadline = time.monotonic() + within_s
+    while True:
+        await delivery.refresh()
+        items = delivery.items()
+        cursors = [items.get(w.name, {}).get("cursor", 0) for w in delivery.webhooks]
+        if all(isinstance(c, int) and c >= seq for c in cursors):
+            return
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"cursors not at {seq} within {within_s} s: {cursors}")
+        await asyncio.sleep(0.005)
+
+
+async def _window(
+    timeline: Timeline,
+    delivery: DeliveryProcess,
+    load: Load,
+    side: str,
+    appends: int,
+    producers: int,
+) -> tuple[list[float], float, int]:
+    """One window: its latencies, and the WAL's ``fdatasync`` seconds and count in it."""
+    pid = delivery.pid
+    assert pid is not None
+    synced_before = timeline.sync_latency.read()
+    if side == "none":
+        os.kill(pid, signal.SIGSTOP)
+    try:
+        latencies = await load(timeline, appends, producers)
+    finally:
+        if side == "none":
+            os.kill(pid, signal.SIGCONT)
+    synced = timeline.sync_latency.read()
+    await wait_remote_cursors(delivery, timeline.durable_seq, 600)
+    return latencies, synced.total - synced_before.total, synced.count - synced_before.count
+
+
+def _fsync_ms(sync_s: float, syncs: int) -> float | None:
+    return round(1e3 * sync_s / syncs, 3) if syncs else None
+
+
+async def interleaved_cost(
+    timeline: Timeline,
+    delivery: DeliveryProcess,
+    load: Load,
+    *,
+    pairs: int,
+    window_appends: int,
+    producers: int,
+    log: Callable[[str], None],
+) -> dict[str, Any]:
+    """``pairs`` pairs of windows (module doc); ``delivery`` started on ``timeline``."""
+    await load(timeline, window_appends, producers)  # warm-up: the child delivers once
+    await wait_remote_cursors(delivery, timeline.durable_seq, 600)
+    pooled: dict[str, list[float]] = {side: [] for side in SIDES}
+    pooled_sync: dict[str, list[float]] = {side: [0.0, 0] for side in SIDES}
+    per_pair: list[dict[str, Any]] = []
+    for number in range(pairs):
+        order = SIDES if number % 2 == 0 else SIDES[::-1]
+        figures: dict[str, Any] = {"order": list(order)}
+        for side in order:
+            latencies, sync_s, syncs = await _window(
+                timeline, delivery, load, side, window_appends, producers
+            )
+            figures[side] = {**percentiles_ms(latencies), "fsync_mean_ms": _fsync_ms(sync_s, syncs)}
+            pooled[side] += latencies
+            pooled_sync[side][0] += sync_s
+            pooled_sync[side][1] += syncs
+        for stat in ("p50_ms", "p90_ms", "p99_ms", "mean_ms"):
+            figures[f"added_{stat.removesuffix('_ms')}_percent"] = added_percent(
+                figures["none"][stat], figures["webhooks"][stat]
+            )
+        per_pair.append(figures)
+        log(f"interleaved pair {number + 1}/{pairs} {order}: {figures}")
+    every: dict[str, Any] = {}
+    for side in SIDES:
+        sync_s, syncs = pooled_sync[side]
+        fsync_ms = _fsync_ms(sync_s, int(syncs))
+        every[side] = {**percentiles_ms(pooled[side]), "fsync_mean_ms": fsync_ms}
+    for stat in ("p50_ms", "p90_ms", "p99_ms", "mean_ms"):
+        every[f"added_{stat.removesuffix('_ms')}_percent"] = added_percent(
+            every["none"][stat], every["webhooks"][stat]
+        )
+    every["added_mean_ms"] = round(every["webhooks"]["mean_ms"] - every["none"]["mean_ms"], 4)
+    fsync, fsync_none = every["webhooks"]["fsync_mean_ms"], every["none"]["fsync_mean_ms"]
+    if fsync is not None and fsync_none is not None:
+        every["added_fsync_mean_ms"] = round(fsync - fsync_none, 4)
+    added_keys = [key for key in per_pair[0] if key.startswith("added_")] if per_pair else []
+    return {
+        "pairs": pairs,
+        "window_appends": window_appends,
+        "producers": producers,
+        "pooled": every,
+        "mean_of_pairs": {key: mean_interval([p[key] for p in per_pair]) for key in added_keys},
+        "per_pair": per_pair,
+    }
