@@ -425,6 +425,9 @@ async def measured(timeline: Timeline, load: Any, appends: int, producers: int) 
     return latencies, synced.total - synced_before.total, synced.count - synced_before.count
 
 
+WARM_APPENDS = 500
+"""``--compare-warm``: appends delivered after the child's start before its window."""
+
 GATHER_S = [FEED_GATHER_S]
 """``--gather-s``: how long the server's fan-out gathers durable batches before it tells the
 delivery process (the server's default; longer: fewer, larger wake-ups of the child)."""
@@ -482,6 +485,7 @@ async def confirm_latency(
         ["none", "webhooks"]
         + (["nice"] if args.compare_nice else [])
         + (["unflushed"] if args.compare_unflushed else [])
+        + (["warm"] if args.compare_warm else [])
         + (["thread"] if args.compare_thread else [])
     )
     rounds: list[dict[str, Any]] = []
@@ -498,7 +502,7 @@ async def confirm_latency(
                     if args.warmup_appends:
                         await load(timeline, args.warmup_appends, producers)
                     window = await measured(timeline, load, appends, producers)
-                elif mode in ("webhooks", "nice", "unflushed"):
+                elif mode in ("webhooks", "nice", "unflushed", "warm"):
                     window = await round_with_process(
                         timeline,
                         cursors / "process",
@@ -509,7 +513,7 @@ async def confirm_latency(
                         producers,
                         sched_idle=mode != "nice",
                         cursor_flush_s=UNFLUSHED_S if mode == "unflushed" else FLUSH_INTERVAL_S,
-                        warmup_appends=args.warmup_appends,
+                        warmup_appends=WARM_APPENDS if mode == "warm" else args.warmup_appends,
                     )
                 else:
                     window = await round_with_thread(
@@ -645,6 +649,7 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
         "delivery": "process"
         + (", kept at nice (compared)" if args.compare_nice else "")
         + (", cursor file unflushed (compared)" if args.compare_unflushed else "")
+        + (", warm child (compared)" if args.compare_warm else "")
         + (" and thread (compared)" if args.compare_thread else ""),
     }
 
@@ -679,6 +684,12 @@ def parse_args() -> argparse.Namespace:
         default=0,
         help="before each measured round, this many appends not measured (in the process "
         "modes after the child's start, delivered before the window): steady state only",
+    )
+    parser.add_argument(
+        "--compare-warm",
+        action="store_true",
+        help="also the delivery process measured after 500 appends delivered since its "
+        "start (mode `warm`): what of the webhooks' cost is the child's first seconds",
     )
     parser.add_argument(
         "--gather-s",
