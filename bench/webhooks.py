@@ -79,8 +79,19 @@ if sys.path[0] != str(REPO):
 
 from aiohttp import web  # noqa: E402
 
-from bench.support.interleaved_webhooks import interleaved_cost, wait_remote_cursors  # noqa: E402
-from bench.support.latency import added_percent, mean_interval, percentiles_ms  # noqa: E402
+from bench.support.interleaved_webhooks import (  # noqa: E402
+    Window,
+    interleaved_cost,
+    measured,
+    wait_remote_cursors,
+)
+from bench.support.latency import (  # noqa: E402
+    added_percent,
+    disk_share,
+    fsync_mean_ms,
+    mean_interval,
+    percentiles_ms,
+)
 from bench.support.saturated_delivery import saturated  # noqa: E402
 from registry.events import NewEvent  # noqa: E402
 from registry.timeline import Timeline, TimelineConfig  # noqa: E402
@@ -412,19 +423,6 @@ async def round_with_process(
     return window
 
 
-Window = tuple[list[float], float, int]
-"""A measured window: the appends' confirm latencies (seconds), and the WAL's
-``fdatasync`` seconds and count in it."""
-
-
-async def measured(timeline: Timeline, load: Any, appends: int, producers: int) -> Window:
-    """``load`` run once as a measured :data:`Window`."""
-    synced_before = timeline.sync_latency.read()
-    latencies: list[float] = await load(timeline, appends, producers)
-    synced = timeline.sync_latency.read()
-    return latencies, synced.total - synced_before.total, synced.count - synced_before.count
-
-
 WARM_APPENDS = 500
 """``--compare-warm``: appends delivered after the child's start before its window."""
 
@@ -522,7 +520,7 @@ async def confirm_latency(
                 latencies, sync_s, syncs = window
                 figures[mode] = {
                     **percentiles_ms(latencies),
-                    "fsync_mean_ms": round(1e3 * sync_s / syncs, 3) if syncs else None,
+                    "fsync_mean_ms": fsync_mean_ms(sync_s, syncs),
                 }
                 pooled[mode] += latencies
                 pooled_sync[mode][0] += sync_s
@@ -541,7 +539,7 @@ async def confirm_latency(
     intervals = {key: mean_interval([r[key] for r in rounds]) for key in added_keys}
     every: dict[str, Any] = {mode: percentiles_ms(samples) for mode, samples in pooled.items()}
     for mode, (sync_s, syncs) in pooled_sync.items():
-        every[mode]["fsync_mean_ms"] = round(1e3 * sync_s / syncs, 3) if syncs else None
+        every[mode]["fsync_mean_ms"] = fsync_mean_ms(sync_s, int(syncs))
     cpu = sum(r["cpu_s"] for r in CHILD_CPU)
     deliveries = sum(r["deliveries"] for r in CHILD_CPU)
     every["delivery_process_cpu"] = {
@@ -552,12 +550,8 @@ async def confirm_latency(
     for mode in modes[1:]:
         for stat in ("p50_ms", "p90_ms", "p99_ms", "mean_ms"):
             every[f"added_{stat.removesuffix('_ms')}_percent_{mode}"] = added(every, mode, stat)
-        # The added mean in milliseconds, and how much of it the disk took: the WAL's
-        # fdatasync (the rest is CPU: the loop, the writer thread, their wake-ups).
-        every[f"added_mean_ms_{mode}"] = round(every[mode]["mean_ms"] - every["none"]["mean_ms"], 4)
-        fsync, fsync_none = every[mode]["fsync_mean_ms"], every["none"]["fsync_mean_ms"]
-        if fsync is not None and fsync_none is not None:
-            every[f"added_fsync_mean_ms_{mode}"] = round(fsync - fsync_none, 4)
+        for key, value in disk_share(every["none"], every[mode]).items():
+            every[f"{key}_{mode}"] = value
     return {
         "appends": appends,
         "producers": producers,

@@ -40,7 +40,13 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from bench.support.latency import added_percent, mean_interval, percentiles_ms
+from bench.support.latency import (
+    added_percent,
+    disk_share,
+    fsync_mean_ms,
+    mean_interval,
+    percentiles_ms,
+)
 from registry.timeline import Timeline
 from whip.webhooks.delivery_process import DeliveryProcess
 
@@ -48,6 +54,18 @@ Load = Callable[[Timeline, int, int], Awaitable[list[float]]]
 """``load(timeline, appends, producers)``: the appends' confirm latencies in seconds."""
 
 SIDES = ("none", "webhooks")
+
+Window = tuple[list[float], float, int]
+"""A measured window: the appends' confirm latencies (seconds), and the WAL's
+``fdatasync`` seconds and count in it."""
+
+
+async def measured(timeline: Timeline, load: Load, appends: int, producers: int) -> Window:
+    """``load`` run once as a measured :data:`Window`."""
+    synced_before = timeline.sync_latency.read()
+    latencies = await load(timeline, appends, producers)
+    synced = timeline.sync_latency.read()
+    return latencies, synced.total - synced_before.total, synced.count - synced_before.count
 
 
 async def wait_remote_cursors(delivery: DeliveryProcess, seq: int, within_s: float) -> None:
@@ -72,25 +90,19 @@ async def _window(
     side: str,
     appends: int,
     producers: int,
-) -> tuple[list[float], float, int]:
-    """One window: its latencies, and the WAL's ``fdatasync`` seconds and count in it."""
+) -> Window:
+    """One window of ``side``, the child caught up after it."""
     pid = delivery.pid
     assert pid is not None
-    synced_before = timeline.sync_latency.read()
     if side == "none":
         os.kill(pid, signal.SIGSTOP)
     try:
-        latencies = await load(timeline, appends, producers)
+        window = await measured(timeline, load, appends, producers)
     finally:
         if side == "none":
             os.kill(pid, signal.SIGCONT)
-    synced = timeline.sync_latency.read()
     await wait_remote_cursors(delivery, timeline.durable_seq, 600)
-    return latencies, synced.total - synced_before.total, synced.count - synced_before.count
-
-
-def _fsync_ms(sync_s: float, syncs: int) -> float | None:
-    return round(1e3 * sync_s / syncs, 3) if syncs else None
+    return window
 
 
 async def interleaved_cost(
@@ -116,7 +128,8 @@ async def interleaved_cost(
             latencies, sync_s, syncs = await _window(
                 timeline, delivery, load, side, window_appends, producers
             )
-            figures[side] = {**percentiles_ms(latencies), "fsync_mean_ms": _fsync_ms(sync_s, syncs)}
+            fsync_ms = fsync_mean_ms(sync_s, syncs)
+            figures[side] = {**percentiles_ms(latencies), "fsync_mean_ms": fsync_ms}
             pooled[side] += latencies
             pooled_sync[side][0] += sync_s
             pooled_sync[side][1] += syncs
@@ -129,16 +142,13 @@ async def interleaved_cost(
     every: dict[str, Any] = {}
     for side in SIDES:
         sync_s, syncs = pooled_sync[side]
-        fsync_ms = _fsync_ms(sync_s, int(syncs))
+        fsync_ms = fsync_mean_ms(sync_s, int(syncs))
         every[side] = {**percentiles_ms(pooled[side]), "fsync_mean_ms": fsync_ms}
     for stat in ("p50_ms", "p90_ms", "p99_ms", "mean_ms"):
         every[f"added_{stat.removesuffix('_ms')}_percent"] = added_percent(
             every["none"][stat], every["webhooks"][stat]
         )
-    every["added_mean_ms"] = round(every["webhooks"]["mean_ms"] - every["none"]["mean_ms"], 4)
-    fsync, fsync_none = every["webhooks"]["fsync_mean_ms"], every["none"]["fsync_mean_ms"]
-    if fsync is not None and fsync_none is not None:
-        every["added_fsync_mean_ms"] = round(fsync - fsync_none, 4)
+    every.update(disk_share(every["none"], every["webhooks"]))
     added_keys = [key for key in per_pair[0] if key.startswith("added_")] if per_pair else []
     return {
         "pairs": pairs,

@@ -28,6 +28,23 @@ def added_percent(base: float, other: float) -> float:
     return round(100 * (other / base - 1), 1)
 
 
+def fsync_mean_ms(sync_s: float, syncs: int) -> float | None:
+    """The mean ``fdatasync`` in milliseconds of ``syncs`` taking ``sync_s`` seconds in all
+    (None when there were none)."""
+    return round(1e3 * sync_s / syncs, 3) if syncs else None
+
+
+def disk_share(base: dict[str, Any], other: dict[str, Any]) -> dict[str, float]:
+    """What ``other`` adds to ``base`` in milliseconds (both :func:`percentiles_ms` figures
+    with a ``fsync_mean_ms``): ``added_mean_ms``, and ``added_fsync_mean_ms``, how much of
+    it the disk took (absent when either side had no ``fdatasync``; the rest is CPU)."""
+    share = {"added_mean_ms": round(other["mean_ms"] - base["mean_ms"], 4)}
+    fsync, fsync_base = other["fsync_mean_ms"], base["fsync_mean_ms"]
+    if fsync is not None and fsync_base is not None:
+        share["added_fsync_mean_ms"] = round(fsync - fsync_base, 4)
+    return share
+
+
 _T95 = ((1, 12.71), (2, 4.30), (3, 3.18), (4, 2.78), (5, 2.57), (6, 2.45), (7, 2.36),
         (8, 2.31), (9, 2.26), (10, 2.23), (12, 2.18), (15, 2.13), (20, 2.09), (25, 2.06),
         (30, 2.04), (40, 2.02), (60, 2.00), (120, 1.98))  # fmt: skip
