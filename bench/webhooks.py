@@ -65,6 +65,7 @@ import itertools
 import json
 import os
 import platform
+import signal
 import statistics
 import sys
 import tempfile
@@ -381,11 +382,13 @@ async def round_with_process(
     sched_idle: bool = True,
     cursor_flush_s: float = FLUSH_INTERVAL_S,
     warmup_appends: int = 0,
+    stopped: bool = False,
 ) -> Window:
     """One measured window with ``count`` webhooks in the delivery process (``sched_idle``
     false: kept at ``nice``, whatever its governor would do; ``cursor_flush_s``: the
     cursor file's group-commit window; ``warmup_appends``: appended and delivered after
-    the child's start, before the measured window)."""
+    the child's start, before the measured window; ``stopped``: the child ``SIGSTOP``ped
+    for the window and caught up after it, so the window has only the server's side)."""
     round_id = next(ROUND_IDS)
     hooks = [webhook(f"r{round_id}-hook{n:02d}", url) for n in range(count)]
     delivery = DeliveryProcess(
@@ -405,7 +408,13 @@ async def round_with_process(
             await load(timeline, warmup_appends, producers)
             await wait_remote_cursors(delivery, timeline.durable_seq, 600)
         cpu_before = process_cpu_s(delivery.pid)
-        window = await measured(timeline, load, appends, producers)
+        if stopped:
+            os.kill(delivery.pid, signal.SIGSTOP)
+        try:
+            window = await measured(timeline, load, appends, producers)
+        finally:
+            if stopped:
+                os.kill(delivery.pid, signal.SIGCONT)
         await wait_remote_cursors(delivery, timeline.durable_seq, 600)
         cpu = process_cpu_s(delivery.pid) - cpu_before
         successes = sum(remote.outcomes["success"] for remote in delivery.webhooks)
@@ -415,6 +424,7 @@ async def round_with_process(
                 "deliveries": successes,
                 "sched_idle": sched_idle,
                 "cursor_flush_s": cursor_flush_s,
+                "stopped_in_window": stopped,
                 "starvations": delivery.governor.starvations,
             }
         )
@@ -484,6 +494,7 @@ async def confirm_latency(
         + (["nice"] if args.compare_nice else [])
         + (["unflushed"] if args.compare_unflushed else [])
         + (["warm"] if args.compare_warm else [])
+        + (["stopped"] if args.compare_stopped else [])
         + (["thread"] if args.compare_thread else [])
     )
     rounds: list[dict[str, Any]] = []
@@ -500,7 +511,7 @@ async def confirm_latency(
                     if args.warmup_appends:
                         await load(timeline, args.warmup_appends, producers)
                     window = await measured(timeline, load, appends, producers)
-                elif mode in ("webhooks", "nice", "unflushed", "warm"):
+                elif mode in ("webhooks", "nice", "unflushed", "warm", "stopped"):
                     window = await round_with_process(
                         timeline,
                         cursors / "process",
@@ -512,6 +523,7 @@ async def confirm_latency(
                         sched_idle=mode != "nice",
                         cursor_flush_s=UNFLUSHED_S if mode == "unflushed" else FLUSH_INTERVAL_S,
                         warmup_appends=WARM_APPENDS if mode == "warm" else args.warmup_appends,
+                        stopped=mode == "stopped",
                     )
                 else:
                     window = await round_with_thread(
@@ -644,6 +656,7 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
         + (", kept at nice (compared)" if args.compare_nice else "")
         + (", cursor file unflushed (compared)" if args.compare_unflushed else "")
         + (", warm child (compared)" if args.compare_warm else "")
+        + (", child stopped in its window (compared)" if args.compare_stopped else "")
         + (" and thread (compared)" if args.compare_thread else ""),
     }
 
@@ -684,6 +697,13 @@ def parse_args() -> argparse.Namespace:
         action="store_true",
         help="also the delivery process measured after 500 appends delivered since its "
         "start (mode `warm`): what of the webhooks' cost is the child's first seconds",
+    )
+    parser.add_argument(
+        "--compare-stopped",
+        action="store_true",
+        help="also a delivery process started as in `webhooks` and SIGSTOPped for the "
+        "window (mode `stopped`): what the server's side alone costs (the fan-out's "
+        "frames, the governor's sampling), with no delivery in the window",
     )
     parser.add_argument(
         "--gather-s",
