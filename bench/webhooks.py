@@ -12,7 +12,15 @@ dispatchers on a thread of this process (:mod:`whip.webhooks.delivery_thread`) w
 HTTP attempts in :mod:`whip.webhooks.attempt_process`. ``--compare-unflushed`` adds the
 delivery process with its cursor file written only at its close (mode ``unflushed``: what
 the cursor file's writes, one ``fsync`` and rename a second, add to the appends' confirm
-latency, told apart from the rest of delivery). ``--compare-nice`` adds the
+latency, told apart from the rest of delivery). ``--compare-stopped`` adds a
+delivery process started as in ``webhooks`` and ``SIGSTOP``ped for its window (mode
+``stopped``): the server's side alone (the fan-out's frames, the governor's sampling, a
+child that exists), no delivery in the window. ``--compare-idle-receiver``
+adds the delivery process posting to a second receiver kept at ``SCHED_IDLE`` (mode
+``idle_receiver``): the receiver's own CPU, on the server's two cores here but on another
+host in a deployment, told apart. ``--compare-warm`` adds the delivery
+process measured only after ``--warm-appends`` appends delivered since its start (mode
+``warm``): the child's first seconds told apart. ``--compare-nice`` adds the
 delivery process kept at ``nice`` (mode ``nice``) against the default, whose governor puts
 it at ``SCHED_IDLE`` while it keeps up (:mod:`whip.webhooks.child_priority`; each round's
 ``delivery_process_cpu`` entry says which it was and how often it starved).
@@ -155,6 +163,8 @@ async def serve_receiver() -> None:
 
     if RECEIVER_NICE[0]:
         os.nice(RECEIVER_NICE[0])
+    if RECEIVER_IDLE[0]:
+        os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))
     if RECEIVER[0] == "raw":
         await serve_raw_receiver()
         return
@@ -176,14 +186,16 @@ async def serve_receiver() -> None:
     await runner.cleanup()
 
 
-async def fast_receiver() -> tuple[asyncio.subprocess.Process, str]:
-    """The receiver child process (its own CPU, as a real receiver would be) and its URL."""
+async def fast_receiver(idle: bool = False) -> tuple[asyncio.subprocess.Process, str]:
+    """The receiver child process (its own CPU, as a real receiver would be) and its URL
+    (``idle``: at ``SCHED_IDLE``, for ``--compare-idle-receiver``)."""
     child = await asyncio.create_subprocess_exec(
         sys.executable,
         __file__,
         "--serve-receiver",
         f"--receiver-nice={RECEIVER_NICE[0]}",
         f"--receiver={RECEIVER[0]}",
+        *(["--receiver-idle"] if idle else []),
         stdin=asyncio.subprocess.PIPE,
         stdout=asyncio.subprocess.PIPE,
     )
@@ -365,6 +377,8 @@ def off_server_core(pid: int) -> None:
 RECEIVER = ["aiohttp"]
 """``--receiver``: ``aiohttp`` (an aiohttp server, a Python receiver's cost) or ``raw``
 (:class:`RawReceiver`: a receiver that costs little, as one in a compiled language)."""
+RECEIVER_IDLE = [False]
+"""In the receiver child: run at ``SCHED_IDLE`` (``--compare-idle-receiver``'s second one)."""
 RECEIVER_NICE = [0]
 """``--receiver-nice``: the receiver's CPU priority below the server's (a real receiver
 runs on another host; on a 2-core bench host it competes with the server for the cores)."""
@@ -433,8 +447,9 @@ async def round_with_process(
     return window
 
 
-WARM_APPENDS = 500
-"""``--compare-warm``: appends delivered after the child's start before its window."""
+WARM_APPENDS = [500]
+"""``--compare-warm``: appends delivered after the child's start before its window
+(``--warm-appends``)."""
 
 GATHER_S = [FEED_GATHER_S]
 """``--gather-s``: how long the server's fan-out gathers durable batches before it tells the
@@ -483,8 +498,10 @@ def added(figures: dict[str, Any], mode: str, stat: str) -> float:
 
 
 async def confirm_latency(
-    base: Path, url: str, args: argparse.Namespace, workload: str
+    base: Path, url: str, args: argparse.Namespace, workload: str, idle_url: str | None = None
 ) -> dict[str, Any]:
+    """The round method (module doc, section 2); ``idle_url``: the ``SCHED_IDLE`` receiver
+    of mode ``idle_receiver``."""
     timeline = await asyncio.to_thread(Timeline.open, TimelineConfig(base / workload))
     cursors = base / workload / "webhooks"
     load = WORKLOADS[workload]
@@ -495,6 +512,7 @@ async def confirm_latency(
         + (["unflushed"] if args.compare_unflushed else [])
         + (["warm"] if args.compare_warm else [])
         + (["stopped"] if args.compare_stopped else [])
+        + (["idle_receiver"] if idle_url is not None else [])
         + (["thread"] if args.compare_thread else [])
     )
     rounds: list[dict[str, Any]] = []
@@ -511,18 +529,18 @@ async def confirm_latency(
                     if args.warmup_appends:
                         await load(timeline, args.warmup_appends, producers)
                     window = await measured(timeline, load, appends, producers)
-                elif mode in ("webhooks", "nice", "unflushed", "warm", "stopped"):
+                elif mode in ("webhooks", "nice", "unflushed", "warm", "stopped", "idle_receiver"):
                     window = await round_with_process(
                         timeline,
                         cursors / "process",
-                        url,
+                        idle_url if mode == "idle_receiver" and idle_url is not None else url,
                         webhooks,
                         load,
                         appends,
                         producers,
                         sched_idle=mode != "nice",
                         cursor_flush_s=UNFLUSHED_S if mode == "unflushed" else FLUSH_INTERVAL_S,
-                        warmup_appends=WARM_APPENDS if mode == "warm" else args.warmup_appends,
+                        warmup_appends=WARM_APPENDS[0] if mode == "warm" else args.warmup_appends,
                         stopped=mode == "stopped",
                     )
                 else:
@@ -611,6 +629,11 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
     if SPLIT_CORES[0]:
         os.sched_setaffinity(0, {0})  # before the timeline starts its writer thread
     child, url = await fast_receiver()
+    receivers = [child]
+    idle_url = None
+    if args.compare_idle_receiver:
+        idle_child, idle_url = await fast_receiver(idle=True)
+        receivers.append(idle_child)
     try:
         with tempfile.TemporaryDirectory(dir=args.dir) as tmp:
             base = Path(tmp)
@@ -620,7 +643,7 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
             )
             log(f"throughput: {result_throughput}")
             latency = {  # --rounds 0: the throughput only
-                workload: await confirm_latency(base, url, args, workload)
+                workload: await confirm_latency(base, url, args, workload, idle_url)
                 for workload in (args.workloads if args.rounds > 0 else [])
             }
             interleaved = {
@@ -633,9 +656,10 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
                 busy_host = await saturated(base, url, webhook, args.saturated)
                 log(f"saturated host: {busy_host}")
     finally:
-        assert child.stdin is not None
-        child.stdin.close()
-        await asyncio.wait_for(child.wait(), 30)
+        for receiver in receivers:
+            assert receiver.stdin is not None
+            receiver.stdin.close()
+            await asyncio.wait_for(receiver.wait(), 30)
     return {
         "benchmark": "webhooks",
         "python": platform.python_version(),
@@ -657,6 +681,7 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
         + (", cursor file unflushed (compared)" if args.compare_unflushed else "")
         + (", warm child (compared)" if args.compare_warm else "")
         + (", child stopped in its window (compared)" if args.compare_stopped else "")
+        + (", receiver at SCHED_IDLE (compared)" if args.compare_idle_receiver else "")
         + (" and thread (compared)" if args.compare_thread else ""),
     }
 
@@ -695,8 +720,15 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument(
         "--compare-warm",
         action="store_true",
-        help="also the delivery process measured after 500 appends delivered since its "
-        "start (mode `warm`): what of the webhooks' cost is the child's first seconds",
+        help="also the delivery process measured after --warm-appends appends delivered "
+        "since its start (mode `warm`): what of the webhooks' cost is the child's first seconds",
+    )
+    parser.add_argument(
+        "--warm-appends",
+        type=int,
+        default=500,
+        help="appends the `warm` mode's child delivers before its window (at the workload's "
+        "rate: 500 are 5 s of ingest_mix)",
     )
     parser.add_argument(
         "--compare-stopped",
@@ -705,6 +737,14 @@ def parse_args() -> argparse.Namespace:
         "window (mode `stopped`): what the server's side alone costs (the fan-out's "
         "frames, the governor's sampling), with no delivery in the window",
     )
+    parser.add_argument(
+        "--compare-idle-receiver",
+        action="store_true",
+        help="also the delivery process posting to a second receiver at SCHED_IDLE (mode "
+        "`idle_receiver`): what the receiver's own CPU on the server's cores, which a real "
+        "receiver on another host never takes, adds to `webhooks`",
+    )
+    parser.add_argument("--receiver-idle", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument(
         "--gather-s",
         type=float,
@@ -768,8 +808,10 @@ if __name__ == "__main__":
     arguments = parse_args()
     MIX_RATE_PER_S[0] = arguments.mix_rate
     GATHER_S[0] = arguments.gather_s
+    WARM_APPENDS[0] = arguments.warm_appends
     PACED_RATE_PER_S[0] = arguments.paced_rate
     RECEIVER_NICE[0] = arguments.receiver_nice
+    RECEIVER_IDLE[0] = arguments.receiver_idle
     RECEIVER[0] = arguments.receiver
     SPLIT_CORES[0] = arguments.split_cores
     if arguments.serve_receiver:
