@@ -18,6 +18,12 @@ marked ``saves``; the windows alternate with ``quiet`` ones (``--windows`` of ea
 each side's ``fdatasync`` p50 / p90 / p99 / max / mean in milliseconds over all its
 windows, and the saves' added percentage.
 
+``meeting``, the sharper reading (it needs no quiet window, so the hour's drift is out of
+it): the saver times each save (write, ``fsync``, rename) on the system-wide monotonic
+clock, and the ``saves`` windows' ``fdatasync`` s are split into those whose span
+overlapped a save's and the others; what the met ones take beyond the others' mean,
+spread over every append, is the saves' share of the appends' mean.
+
 ``--saver in-place`` replaces the store by the cursor write that would need no journal
 commit (:func:`save_in_place`: two preallocated slots written in place, ``fdatasync``), to
 measure whether that design removes the cost before anyone builds it.
@@ -32,10 +38,12 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import bisect
 import json
 import multiprocessing
 import os
 import shutil
+import statistics
 import struct
 import sys
 import tempfile
@@ -53,22 +61,39 @@ from whip.webhooks.cursor import CursorState, FileCursorStore
 SEGMENT_BYTES = 64 << 20
 
 
-def save_cursors(directory: Path, every_s: float, stop: Any) -> None:
+class TimedStore(FileCursorStore):
+    """The real store, each file write (write, ``fsync``, rename) timed on the
+    system-wide monotonic clock, so the appender can tell which ``fdatasync`` met one."""
+
+    def __init__(self, directory: Path, flush_interval_s: float) -> None:
+        super().__init__(directory, flush_interval_s)
+        self.spans: list[tuple[float, float]] = []
+
+    def _write(self, states: dict[str, CursorState]) -> None:
+        started = time.monotonic()
+        try:
+            super()._write(states)
+        finally:
+            self.spans.append((started, time.monotonic()))
+
+
+def save_cursors(directory: Path, every_s: float, stop: Any, spans: Any) -> None:
     """Save 10 webhooks' cursors through a real
     :class:`~whip.webhooks.cursor.FileCursorStore` (its group commit at ``every_s``, as
     the delivery child's at its default), each cursor moving on at every save, until
-    ``stop`` is set."""
+    ``stop`` is set; then send the saves' spans on ``spans``."""
 
-    async def saving() -> None:
-        store = FileCursorStore(directory, flush_interval_s=every_s)
+    async def saving() -> list[tuple[float, float]]:
+        store = TimedStore(directory, every_s)
         upto = 0
         while not stop.is_set():
             upto += 100
             await asyncio.gather(
                 *(store.save(f"hook{i:02}", CursorState(upto + i)) for i in range(10))
             )
+        return store.spans
 
-    asyncio.run(saving())
+    spans.send(asyncio.run(saving()))
 
 
 SLOT_BYTES = 4096
@@ -90,15 +115,18 @@ def make_slots(directory: Path) -> Path:
     return path
 
 
-def save_in_place(directory: Path, every_s: float, stop: Any) -> None:
+def save_in_place(directory: Path, every_s: float, stop: Any, spans: Any) -> None:
     """The cursor write issue 14's note proposes, as a probe (not the store's): the same
     10 cursors as :func:`save_cursors`, once per ``every_s``, each save one ``pwrite`` of
     a header (generation, length, CRC-32) and the JSON body into the older of the two
-    slots of :func:`make_slots`'s file, then ``fdatasync``."""
+    slots of :func:`make_slots`'s file, then ``fdatasync``; the saves' spans sent on
+    ``spans`` at the end (as :func:`save_cursors`)."""
     fd = os.open(directory / "cursors.slots", os.O_WRONLY)
+    timed: list[tuple[float, float]] = []
     try:
         generation = 0
         while not stop.wait(every_s):
+            started = time.monotonic()
             generation += 1
             body = json.dumps(
                 {f"hook{i:02}": {"upto": generation * 100 + i} for i in range(10)}
@@ -106,8 +134,10 @@ def save_in_place(directory: Path, every_s: float, stop: Any) -> None:
             header = struct.pack("<QII", generation, len(body), zlib.crc32(body))
             os.pwrite(fd, header + body, (generation % 2) * SLOT_BYTES)
             os.fdatasync(fd)
+            timed.append((started, time.monotonic()))
     finally:
         os.close(fd)
+        spans.send(timed)
 
 
 SAVERS = {"store": save_cursors, "in-place": save_in_place}
@@ -115,10 +145,10 @@ SAVERS = {"store": save_cursors, "in-place": save_in_place}
 
 def append_window(
     fd: int, offset: int, record: bytes, rate: float, seconds: float
-) -> tuple[list[float], int]:
-    """Append ``record`` at ``rate`` a second for ``seconds``: each ``fdatasync``'s
-    seconds, and the new offset."""
-    latencies: list[float] = []
+) -> tuple[list[tuple[float, float]], int]:
+    """Append ``record`` at ``rate`` a second for ``seconds``: each ``fdatasync``'s span
+    (system-wide monotonic seconds), and the new offset."""
+    spans: list[tuple[float, float]] = []
     started = time.monotonic()
     count = int(rate * seconds)
     for index in range(count):
@@ -127,10 +157,55 @@ def append_window(
             time.sleep(delay)
         os.pwrite(fd, record, offset)
         offset += len(record)
-        t0 = time.perf_counter()
+        t0 = time.monotonic()
         os.fdatasync(fd)
-        latencies.append(time.perf_counter() - t0)
-    return latencies, offset
+        spans.append((t0, time.monotonic()))
+    return spans, offset
+
+
+MEET_MARGINS_S = (0.0, 0.02)
+"""How long after a save's end an ``fdatasync`` that starts still counts as meeting it: 0
+(the spans overlap), and 20 ms (a journal commit the save left running)."""
+
+
+def met_a_save(
+    sync: tuple[float, float], saves: list[tuple[float, float]], margin_s: float
+) -> bool:
+    """Whether an ``fdatasync``'s span overlaps a save's, the save's end moved
+    ``margin_s`` later (``saves`` sorted)."""
+    at = bisect.bisect_right(saves, (sync[1], float("inf")))
+    return any(
+        start < sync[1] and sync[0] < end + margin_s for start, end in saves[max(0, at - 2) : at]
+    )
+
+
+def meeting(
+    syncs: list[tuple[float, float]], saves: list[tuple[float, float]], margin_s: float
+) -> dict[str, Any]:
+    """The ``saves`` windows' ``fdatasync`` s split by whether they met a save
+    (:func:`met_a_save`): each group's figures, the share that met one, and what the
+    meeting adds to the mean of all (the met ones' excess over the others' mean, spread
+    over every append)."""
+    saves = sorted(saves)
+    met = [end - start for start, end in syncs if met_a_save((start, end), saves, margin_s)]
+    apart = [end - start for start, end in syncs if not met_a_save((start, end), saves, margin_s)]
+    figures: dict[str, Any] = {
+        "margin_ms": round(1000 * margin_s, 1),
+        "saves": len(saves),
+        "save_mean_ms": round(1000 * statistics.fmean(e - s for s, e in saves), 3)
+        if saves
+        else None,
+        "met": percentiles_ms(met, with_max=True) if met else None,
+        "apart": percentiles_ms(apart, with_max=True) if apart else None,
+        "met_share": round(len(met) / len(syncs), 4) if syncs else None,
+    }
+    if met and apart:
+        excess = statistics.fmean(met) - statistics.fmean(apart)
+        figures["added_mean_ms_by_meeting"] = round(1000 * excess * len(met) / len(syncs), 4)
+        figures["added_mean_percent_by_meeting"] = round(
+            100 * excess * len(met) / len(syncs) / statistics.fmean(apart), 2
+        )
+    return figures
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
@@ -144,6 +219,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         make_slots(base)
     offset = 0
     sides: dict[str, list[float]] = {"quiet": [], "saves": []}
+    save_syncs: list[tuple[float, float]] = []
+    save_spans: list[tuple[float, float]] = []
     windows: list[dict[str, Any]] = []
     context = multiprocessing.get_context("spawn")
     try:
@@ -153,19 +230,27 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 raise SystemExit("segment too small for these windows")
             stop = context.Event()
             saver = None
+            receive, send = context.Pipe(duplex=False)
             if side == "saves":
                 saver = context.Process(
-                    target=SAVERS[args.saver], args=(base, args.save_every, stop), daemon=True
+                    target=SAVERS[args.saver],
+                    args=(base, args.save_every, stop, send),
+                    daemon=True,
                 )
                 saver.start()
             try:
-                latencies, offset = append_window(fd, offset, record, args.rate, args.window_s)
+                syncs, offset = append_window(fd, offset, record, args.rate, args.window_s)
             finally:
                 if saver is not None:
                     stop.set()
+                    if receive.poll(10):
+                        save_spans += receive.recv()
                     saver.join(10)
                     if saver.is_alive():
                         saver.kill()
+            latencies = [end - start for start, end in syncs]
+            if side == "saves":
+                save_syncs += syncs
             sides[side] += latencies
             windows.append({"side": side, **percentiles_ms(latencies, with_max=True)})
             print(f"[fsync_interference] {side}: {windows[-1]}", file=sys.stderr, flush=True)
@@ -184,6 +269,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "pooled": {side: percentiles_ms(values, with_max=True) for side, values in sides.items()},
         "windows": windows,
     }
+    out["meeting"] = [meeting(save_syncs, save_spans, margin) for margin in MEET_MARGINS_S]
     quiet, saves = out["pooled"]["quiet"], out["pooled"]["saves"]
     out["added_percent"] = {
         key.removesuffix("_ms"): added_percent(quiet[key], saves[key]) for key in quiet
