@@ -187,8 +187,10 @@ def meeting(
     meeting adds to the mean of all (the met ones' excess over the others' mean, spread
     over every append)."""
     saves = sorted(saves)
-    met = [end - start for start, end in syncs if met_a_save((start, end), saves, margin_s)]
-    apart = [end - start for start, end in syncs if not met_a_save((start, end), saves, margin_s)]
+    met: list[float] = []
+    apart: list[float] = []
+    for sync in syncs:
+        (met if met_a_save(sync, saves, margin_s) else apart).append(sync[1] - sync[0])
     figures: dict[str, Any] = {
         "margin_ms": round(1000 * margin_s, 1),
         "saves": len(saves),
@@ -230,8 +232,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 raise SystemExit("segment too small for these windows")
             stop = context.Event()
             saver = None
-            receive, send = context.Pipe(duplex=False)
             if side == "saves":
+                receive, send = context.Pipe(duplex=False)
                 saver = context.Process(
                     target=SAVERS[args.saver],
                     args=(base, args.save_every, stop, send),
@@ -248,6 +250,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                     saver.join(10)
                     if saver.is_alive():
                         saver.kill()
+                    receive.close()
+                    send.close()
             latencies = [end - start for start, end in syncs]
             if side == "saves":
                 save_syncs += syncs
