@@ -92,6 +92,7 @@ from bench.support.interleaved_webhooks import (  # noqa: E402
     Window,
     interleaved_cost,
     measured,
+    process_cpu_s,
     wait_remote_cursors,
 )
 from bench.support.latency import (  # noqa: E402
@@ -467,12 +468,6 @@ what the other modes' rounds appended meanwhile, a backlog in the measured windo
 CHILD_CPU: list[dict[str, Any]] = []
 """Per process round: the delivery process's CPU from its ready frame to its last
 cursor (it indexes the log before), and the deliveries it made meanwhile."""
-
-
-def process_cpu_s(pid: int) -> float:
-    """User plus system CPU seconds of ``pid`` so far (``/proc/<pid>/stat``)."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 async def round_with_thread(

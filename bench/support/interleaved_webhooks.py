@@ -25,7 +25,9 @@ Method:
   100 appends/s; the pipe holds them while the child is stopped). The figure is low by
   that share, a few microseconds of the loop's time a second.
 - Per window: the confirm-latency percentiles and the WAL's mean ``fdatasync`` per group
-  commit (``Timeline.sync_latency``). Per pair: the added percentages of its ``webhooks``
+  commit (``Timeline.sync_latency``). Per side: the child's CPU a delivery, its window
+  and catch-up together (``child_us_per_delivery``: in ``webhooks`` delivered live, in
+  ``none`` as a backlog after the window). Per pair: the added percentages of its ``webhooks``
   window over its ``none`` window. Output: every window's samples pooled per side, the
   added figures of the pooled samples, and the pairs' mean added figures with a 95 %
   interval (a pair one sample).
@@ -38,6 +40,7 @@ import os
 import signal
 import time
 from collections.abc import Awaitable, Callable
+from pathlib import Path
 from typing import Any
 
 from bench.support.latency import (
@@ -68,6 +71,17 @@ async def measured(timeline: Timeline, load: Load, appends: int, producers: int)
     return latencies, synced.total - synced_before.total, synced.count - synced_before.count
 
 
+def process_cpu_s(pid: int) -> float:
+    """User plus system CPU seconds of ``pid`` so far (``/proc/<pid>/stat``)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def delivered(delivery: DeliveryProcess) -> int:
+    """Successful deliveries of every webhook of ``delivery`` (as last pushed)."""
+    return sum(remote.outcomes["success"] for remote in delivery.webhooks)
+
+
 async def wait_remote_cursors(delivery: DeliveryProcess, seq: int, within_s: float) -> None:
     """Until every webhook of the delivery process has its cursor at ``seq`` (bounded;
     asks the child, so only between measured windows)."""
@@ -90,10 +104,12 @@ async def _window(
     side: str,
     appends: int,
     producers: int,
-) -> Window:
-    """One window of ``side``, the child caught up after it."""
+) -> tuple[Window, float, int]:
+    """One window of ``side``, the child caught up after it; with the child's CPU seconds
+    and deliveries from the window's start to its catch-up's end."""
     pid = delivery.pid
     assert pid is not None
+    cpu_before, delivered_before = process_cpu_s(pid), delivered(delivery)
     if side == "none":
         os.kill(pid, signal.SIGSTOP)
     try:
@@ -102,7 +118,7 @@ async def _window(
         if side == "none":
             os.kill(pid, signal.SIGCONT)
     await wait_remote_cursors(delivery, timeline.durable_seq, 600)
-    return window
+    return window, process_cpu_s(pid) - cpu_before, delivered(delivery) - delivered_before
 
 
 async def interleaved_cost(
@@ -120,14 +136,18 @@ async def interleaved_cost(
     await wait_remote_cursors(delivery, timeline.durable_seq, 600)
     pooled: dict[str, list[float]] = {side: [] for side in SIDES}
     pooled_sync: dict[str, list[float]] = {side: [0.0, 0] for side in SIDES}
+    child: dict[str, list[float]] = {side: [0.0, 0] for side in SIDES}
+    """Per side: the child's CPU seconds and deliveries, each window with its catch-up."""
     per_pair: list[dict[str, Any]] = []
     for number in range(pairs):
         order = SIDES if number % 2 == 0 else SIDES[::-1]
         figures: dict[str, Any] = {"order": list(order)}
         for side in order:
-            latencies, sync_s, syncs = await _window(
+            (latencies, sync_s, syncs), cpu_s, deliveries = await _window(
                 timeline, delivery, load, side, window_appends, producers
             )
+            child[side][0] += cpu_s
+            child[side][1] += deliveries
             fsync_ms = fsync_mean_ms(sync_s, syncs)
             figures[side] = {**percentiles_ms(latencies), "fsync_mean_ms": fsync_ms}
             pooled[side] += latencies
@@ -143,7 +163,12 @@ async def interleaved_cost(
     for side in SIDES:
         sync_s, syncs = pooled_sync[side]
         fsync_ms = fsync_mean_ms(sync_s, int(syncs))
-        every[side] = {**percentiles_ms(pooled[side]), "fsync_mean_ms": fsync_ms}
+        cpu_s, deliveries = child[side]
+        every[side] = {
+            **percentiles_ms(pooled[side]),
+            "fsync_mean_ms": fsync_ms,
+            "child_us_per_delivery": round(1e6 * cpu_s / deliveries, 1) if deliveries else None,
+        }
     for stat in ("p50_ms", "p90_ms", "p99_ms", "mean_ms"):
         every[f"added_{stat.removesuffix('_ms')}_percent"] = added_percent(
             every["none"][stat], every["webhooks"][stat]
