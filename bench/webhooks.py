@@ -73,7 +73,6 @@ import itertools
 import json
 import os
 import platform
-import signal
 import statistics
 import sys
 import tempfile
@@ -90,9 +89,11 @@ from aiohttp import web  # noqa: E402
 
 from bench.support.interleaved_webhooks import (  # noqa: E402
     Window,
+    delivered,
     interleaved_cost,
     measured,
     process_cpu_s,
+    stopped_if,
     wait_remote_cursors,
 )
 from bench.support.latency import (  # noqa: E402
@@ -423,16 +424,11 @@ async def round_with_process(
             await load(timeline, warmup_appends, producers)
             await wait_remote_cursors(delivery, timeline.durable_seq, 600)
         cpu_before = process_cpu_s(delivery.pid)
-        if stopped:
-            os.kill(delivery.pid, signal.SIGSTOP)
-        try:
+        with stopped_if(delivery.pid, stopped):
             window = await measured(timeline, load, appends, producers)
-        finally:
-            if stopped:
-                os.kill(delivery.pid, signal.SIGCONT)
         await wait_remote_cursors(delivery, timeline.durable_seq, 600)
         cpu = process_cpu_s(delivery.pid) - cpu_before
-        successes = sum(remote.outcomes["success"] for remote in delivery.webhooks)
+        successes = delivered(delivery)
         CHILD_CPU.append(
             {
                 "cpu_s": round(cpu, 3),

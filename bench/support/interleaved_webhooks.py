@@ -36,10 +36,11 @@ Method:
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import signal
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -69,6 +70,19 @@ async def measured(timeline: Timeline, load: Load, appends: int, producers: int)
     latencies = await load(timeline, appends, producers)
     synced = timeline.sync_latency.read()
     return latencies, synced.total - synced_before.total, synced.count - synced_before.count
+
+
+@contextlib.contextmanager
+def stopped_if(pid: int, stop: bool) -> Iterator[None]:
+    """``pid`` ``SIGSTOP``ped for the block when ``stop``, and continued after it whatever
+    happened in it."""
+    if stop:
+        os.kill(pid, signal.SIGSTOP)
+    try:
+        yield
+    finally:
+        if stop:
+            os.kill(pid, signal.SIGCONT)
 
 
 def process_cpu_s(pid: int) -> float:
@@ -110,13 +124,8 @@ async def _window(
     pid = delivery.pid
     assert pid is not None
     cpu_before, delivered_before = process_cpu_s(pid), delivered(delivery)
-    if side == "none":
-        os.kill(pid, signal.SIGSTOP)
-    try:
+    with stopped_if(pid, side == "none"):
         window = await measured(timeline, load, appends, producers)
-    finally:
-        if side == "none":
-            os.kill(pid, signal.SIGCONT)
     await wait_remote_cursors(delivery, timeline.durable_seq, 600)
     return window, process_cpu_s(pid) - cpu_before, delivered(delivery) - delivered_before
 
