@@ -94,6 +94,7 @@ from bench.support.interleaved_webhooks import (  # noqa: E402
     measured,
     process_cpu_s,
     stopped_if,
+    us_per_delivery,
     wait_remote_cursors,
 )
 from bench.support.latency import (  # noqa: E402
@@ -524,7 +525,7 @@ async def confirm_latency(
                     window = await round_with_process(
                         timeline,
                         cursors / "process",
-                        idle_url if mode == "idle_receiver" and idle_url is not None else url,
+                        idle_url if mode == "idle_receiver" and idle_url else url,
                         webhooks,
                         load,
                         appends,
@@ -565,7 +566,7 @@ async def confirm_latency(
     deliveries = sum(r["deliveries"] for r in CHILD_CPU)
     every["delivery_process_cpu"] = {
         "rounds": list(CHILD_CPU),
-        "us_per_delivery": round(1e6 * cpu / deliveries, 1) if deliveries else None,
+        "us_per_delivery": us_per_delivery(cpu, deliveries),
     }
     CHILD_CPU.clear()
     for mode in modes[1:]:

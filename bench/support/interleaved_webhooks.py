@@ -91,6 +91,11 @@ def process_cpu_s(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
+def us_per_delivery(cpu_s: float, deliveries: int) -> float | None:
+    """The child's CPU microseconds a delivery (None when it made none)."""
+    return round(1e6 * cpu_s / deliveries, 1) if deliveries else None
+
+
 def delivered(delivery: DeliveryProcess) -> int:
     """Successful deliveries of every webhook of ``delivery`` (as last pushed)."""
     return sum(remote.outcomes["success"] for remote in delivery.webhooks)
@@ -176,7 +181,7 @@ async def interleaved_cost(
         every[side] = {
             **percentiles_ms(pooled[side]),
             "fsync_mean_ms": fsync_ms,
-            "child_us_per_delivery": round(1e6 * cpu_s / deliveries, 1) if deliveries else None,
+            "child_us_per_delivery": us_per_delivery(cpu_s, int(deliveries)),
         }
     for stat in ("p50_ms", "p90_ms", "p99_ms", "mean_ms"):
         every[f"added_{stat.removesuffix('_ms')}_percent"] = added_percent(
