@@ -16,7 +16,8 @@ is what the piece costs there. With nothing knocked out (``none``), the two mean
 by 1-2 us: the method's resolution.
 
 Pieces (``--pieces``): ``luma`` (the scene and black analyzers, with the small luma
-picture they share), ``luma_read`` (only the C read of the luma plane,
+picture they share: on the ablated side it is answered by a constant picture through the
+same Python shim both sides call), ``luma_read`` (only the C read of the luma plane,
 :func:`pipeline._luma.block_means`, answered by a constant picture instead; both sides
 then call it through the same Python shim, so the shim's cost cancels out), ``stats``
 (the frame counters and rate window), ``lint`` (the linting's per-frame step and the
@@ -37,6 +38,7 @@ import os
 import statistics
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -44,29 +46,45 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import av
 
+import pipeline.analysis
 import pipeline.analyzers.base as analyzers_base
 from bench.decode import make_clip
 from bench.support.interleaved_decode import THUMBNAIL_EVERY_FRAMES, video_analysis
 from pipeline.analysis import Analysis
+from pipeline.analyzers.base import SMALL_HEIGHT, SMALL_WIDTH
 from pipeline.decoder import DecodeStats, FrameMeta, open_decoder
 from pipeline.intake import FrameIntake
+
+SMALL_PIXELS = SMALL_WIDTH * SMALL_HEIGHT
 
 PIECES = ("none", "luma", "luma_read", "stats", "lint", "thumbnail", "everything")
 
 
-class _LumaReadShim:
-    """``block_means`` for both sides: the real one, or (while ``constant``) a picture of
-    the same size without reading the plane."""
+class _Switch:
+    """A module function both sides call: the real one, or (while ``constant``, on the
+    ablated side only) ``stand_in``, which answers without doing the work."""
 
-    def __init__(self) -> None:
-        self.real = analyzers_base.block_means
+    def __init__(self, real: Callable[..., bytes], stand_in: Callable[..., bytes]) -> None:
+        self.real = real
+        self.stand_in = stand_in
         self.constant = False
 
     def __call__(self, *args: Any) -> bytes:
-        if self.constant:
-            out_width, out_height = args[4], args[5]
-            return bytes(out_width * out_height)
-        return self.real(*args)
+        return self.stand_in(*args) if self.constant else self.real(*args)
+
+
+def _switched_while(analysis: Analysis, switch: _Switch) -> None:
+    """Make ``switch`` answer with its stand-in during ``analysis``'s ``on_frame`` only."""
+    analyze = analysis.on_frame
+
+    def on_frame_switched(frame: Any, meta: FrameMeta) -> None:
+        switch.constant = True
+        try:
+            analyze(frame, meta)
+        finally:
+            switch.constant = False
+
+    analysis.on_frame = on_frame_switched  # type: ignore[method-assign]
 
 
 def log(message: str) -> None:
@@ -80,8 +98,11 @@ def _no_events(*_args: object) -> list[Any]:
 def knock_out(analysis: Analysis, piece: str) -> None:
     """Make ``piece`` of ``analysis`` a no-op (module doc)."""
     if piece == "luma":
-        analysis.scene.process = _no_events  # type: ignore[method-assign]
-        analysis.black.process = _no_events  # type: ignore[method-assign]
+        analysis.scene.process_luma = _no_events  # type: ignore[method-assign]
+        analysis.black.process_luma = _no_events  # type: ignore[method-assign]
+        switch = _Switch(pipeline.analysis.small_luma, lambda *_args: bytes(SMALL_PIXELS))
+        pipeline.analysis.small_luma = switch
+        _switched_while(analysis, switch)
     elif piece == "stats":
         analysis.video_stats.process = _no_events  # type: ignore[method-assign]
     elif piece == "lint":
@@ -90,18 +111,10 @@ def knock_out(analysis: Analysis, piece: str) -> None:
     elif piece == "thumbnail":
         analysis.thumbnailer.process = _no_events  # type: ignore[method-assign]
     elif piece == "luma_read":
-        shim = _LumaReadShim()
-        analyzers_base.block_means = shim  # type: ignore[assignment]
-        analyze = analysis.on_frame
-
-        def on_frame_without_the_read(frame: Any, meta: FrameMeta) -> None:
-            shim.constant = True
-            try:
-                analyze(frame, meta)
-            finally:
-                shim.constant = False
-
-        analysis.on_frame = on_frame_without_the_read  # type: ignore[method-assign]
+        # block_means(plane, width, height, stride, out_width, out_height, limited)
+        switch = _Switch(analyzers_base.block_means, lambda *args: bytes(args[4] * args[5]))
+        analyzers_base.block_means = switch
+        _switched_while(analysis, switch)
     elif piece == "everything":
         analysis.on_frame = lambda frame, meta: None  # type: ignore[method-assign]
     elif piece != "none":
@@ -116,12 +129,13 @@ def _analysis() -> Analysis:
 def measure(packets: list[bytes], piece: str, loops: int) -> dict[str, Any]:
     """``loops`` passes of the clip, frames alternating between the two analyses."""
     sides = {"intact": _analysis(), "ablated": _analysis()}
-    real_read = analyzers_base.block_means
+    real_read, real_luma = analyzers_base.block_means, pipeline.analysis.small_luma
     knock_out(sides["ablated"], piece)
     try:
         return _alternate(packets, sides, loops)
     finally:
         analyzers_base.block_means = real_read
+        pipeline.analysis.small_luma = real_luma
 
 
 def _alternate(packets: list[bytes], sides: dict[str, Analysis], loops: int) -> dict[str, Any]:

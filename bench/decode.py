@@ -33,8 +33,8 @@ CPU-time figures are steadier, and the worker-thread one is the steadiest
 Then a breakdown (thread-CPU timers around each analyzer's ``process`` and around
 ``on_frame``: microseconds per frame of the worker thread, by analyzer, the glue
 between them, and the rest: decode and intake), an ablation (one analyzer's ``process``
-made a no-op at a time, CPU-time fps; the scene analyzer pays for the small luma picture
-the black one shares, so disabling it moves that cost to black) and
+made a no-op at a time, CPU-time fps; the small luma picture scene and black share is
+computed whichever is disabled, and timed on its own as ``small_luma``) and
 one profiled pipeline run (cProfile; Python 3.12's cProfile sees every thread, the
 producer's own rows are filtered out) show where the pipeline's extra time goes.
 
@@ -86,6 +86,7 @@ sys.path.insert(0, str(REPO))  # before bench/ (``bench/whip.py`` would shadow `
 import av  # noqa: E402
 import numpy as np  # noqa: E402
 
+import pipeline.analysis  # noqa: E402
 from bench.support.interleaved_decode import run_interleaved, video_analysis  # noqa: E402
 from pipeline.decoder import DECODERS, DecodeStats, decoder_worker  # noqa: E402
 from pipeline.frame import EncodedFrame  # noqa: E402
@@ -228,13 +229,16 @@ def run_pipeline(
         analysis = video_analysis(
             intake, stats, thumb_dir, lambda etype, data: events.append((etype, data))
         )
-        for name in disable:  # ablation: this analyzer's process() becomes a no-op
-            getattr(analysis, name).process = lambda frame, meta: []
+        for name in disable:  # ablation: the analyzer's step becomes a no-op
+            setattr(getattr(analysis, name), ANALYZERS[name], lambda *_args: [])
     spent: dict[str, float] = {}
+    restore_luma = None
     if analysis is not None and timed:
-        for name in ANALYZERS:
+        for name, method in ANALYZERS.items():
             target = getattr(analysis, name)
-            target.process = _timer(target.process, name, spent)
+            setattr(target, method, _timer(getattr(target, method), name, spent))
+        restore_luma = pipeline.analysis.small_luma
+        pipeline.analysis.small_luma = _timer(restore_luma, "small_luma", spent)
         analysis.on_frame = _timer(analysis.on_frame, "on_frame", spent)  # type: ignore[method-assign]
     profiler = cProfile.Profile() if profile else None
     error: list[BaseException] = []
@@ -277,6 +281,8 @@ def run_pipeline(
     intake.close(drain=True)
     worker.join(120)
     wall, cpu = time.perf_counter() - started, time.process_time() - cpu0
+    if restore_luma is not None:
+        pipeline.analysis.small_luma = restore_luma
     if error:
         raise error[0]
     if worker.is_alive():
@@ -312,10 +318,15 @@ def run_pipeline(
     return out
 
 
-ANALYZERS = ("video_stats", "scene", "black", "thumbnailer")
-"""The video analyzers of :class:`~pipeline.analysis.Analysis`, in the order it runs
-them: ``scene`` runs first, so it pays for the small luma picture it shares with
-``black``."""
+ANALYZERS = {
+    "video_stats": "process",
+    "scene": "process_luma",
+    "black": "process_luma",
+    "thumbnailer": "process",
+}
+"""The video analyzers of :class:`~pipeline.analysis.Analysis` in the order it runs
+them -> the method it calls on each. Scene and black get the small luma picture that
+:class:`~pipeline.analysis.Analysis` computes once for both (timed as ``small_luma``)."""
 
 
 def _timer[**P, R](call: Callable[P, R], name: str, spent: dict[str, float]) -> Callable[P, R]:

@@ -48,8 +48,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import av
+from av.video.reformatter import VideoReformatter
 
-from pipeline.analyzers.base import Event
+from pipeline.analyzers.base import Event, small_luma
 from pipeline.analyzers.black import VideoBlack
 from pipeline.analyzers.frame_stats import FrameStats, IntakeCounters
 from pipeline.analyzers.scene import SceneChange
@@ -125,6 +126,7 @@ class Analysis:
         self.posted_at = posted_at
         self.video_stats = self._frame_stats("video")
         self.audio_stats = self._frame_stats("audio")
+        self._reformatter = VideoReformatter()  # small_luma's, for formats the C skips
         self.scene = SceneChange(settings.scene_threshold, settings.scene_min_gap_s)
         self.black = VideoBlack(settings.black_threshold, settings.black_min_s)
         self.thumbnailer = Thumbnailer(
@@ -228,8 +230,9 @@ class Analysis:
                 data.update(self.lint.fields())
         if self.lead == "video":
             self._first_frame(meta, events)
-        events += self.scene.process(frame, meta)
-        events += self.black.process(frame, meta)
+        luma = small_luma(frame, self._reformatter)  # once, for both (its doc)
+        events += self.scene.process_luma(luma, meta)
+        events += self.black.process_luma(luma, meta)
         events += self.thumbnailer.process(frame, meta)
         fps, _bitrate, span = self.video_stats.fps_and_bitrate()
         events += self.lint.process(frame, meta, fps, span)

@@ -6,8 +6,6 @@ Every analyzer runs on the decode worker thread of its track (module doc of
 
 from __future__ import annotations
 
-import threading
-
 import av
 import numpy as np
 from av.video.plane import VideoPlane
@@ -46,10 +44,6 @@ def media_ms(meta: FrameMeta) -> float:
 LUMA_MAX = 255
 """Full-range 8-bit luma: a :func:`small_luma` code ``c`` is the luma ``c / 255``."""
 
-_last_luma = threading.local()
-"""Per worker thread: the last frame downscaled and its luma (scene and black share it)."""
-
-
 _LUMA_PLANE_FORMATS = {
     "yuv420p": False,
     "yuv422p": False,
@@ -75,9 +69,11 @@ def small_luma(frame: av.VideoFrame, reformatter: VideoReformatter) -> bytes:
     (``code / LUMA_MAX`` is the luma on 0..1), row by row, as one ``bytes`` of
     ``SMALL_WIDTH * SMALL_HEIGHT`` (immutable: scene and black share it).
 
-    Computed once per frame per thread: the scene and black analyzers both ask for it,
-    and the downscale is most of their cost. The thread keeps one reference to its last
-    frame until the next.
+    Computed once per frame, by whoever runs both analyzers that need it
+    (:class:`~pipeline.analysis.Analysis` hands the same codes to scene and black): the
+    downscale is most of their cost. No cache here: a thread-local one cost 2-3 us a
+    frame on a worker whose caches the decoder just went through, and kept the last
+    decoded picture (a decoder buffer) alive until the next.
 
     Each output code is the mean of the source luma codes of one block, the blocks
     tiling the picture (every row and every column is read: sampling some rows would
@@ -102,22 +98,15 @@ def small_luma(frame: av.VideoFrame, reformatter: VideoReformatter) -> bytes:
     ``frame.planes`` makes one per plane, 3 for ``yuv420p``) and the C returns the codes
     as ``bytes`` (no numpy array to allocate and flag read-only).
     """
-    last = getattr(_last_luma, "value", None)
-    if last is not None and last[0] is frame:
-        cached: bytes = last[1]
-        return cached
     width, height = frame.width, frame.height
     full = _LUMA_PLANE_FORMATS.get(frame.format.name)
     if full is not None and width >= SMALL_WIDTH and height >= SMALL_HEIGHT:
         limited = not full and frame.color_range != _FULL_RANGE
         plane = VideoPlane(frame, 0)
-        codes = block_means(
+        return block_means(
             plane, width, height, plane.line_size, SMALL_WIDTH, SMALL_HEIGHT, limited
         )
-    else:
-        codes = _swscale_luma(frame, reformatter)
-    _last_luma.value = (frame, codes)
-    return codes
+    return _swscale_luma(frame, reformatter)
 
 
 def _swscale_luma(frame: av.VideoFrame, reformatter: VideoReformatter) -> bytes:

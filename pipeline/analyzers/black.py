@@ -46,7 +46,11 @@ class VideoBlack:
 
     def process(self, frame: av.VideoFrame, meta: FrameMeta) -> list[Event]:
         """Measure ``frame``; a ``video_black`` start or end event when one is due."""
-        codes = small_luma(frame, self._reformatter)
+        return self.process_luma(small_luma(frame, self._reformatter), meta)
+
+    def process_luma(self, codes: bytes, meta: FrameMeta) -> list[Event]:
+        """:meth:`process` for a frame whose :func:`~pipeline.analyzers.base.small_luma`
+        the caller already has (it runs scene on the same codes)."""
         luma = code_sum(codes) / (len(codes) * LUMA_MAX)  # the mean, on 0..1
         self.luma = luma
         episode = self._episode

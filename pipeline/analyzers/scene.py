@@ -47,7 +47,11 @@ class SceneChange:
 
     def process(self, frame: av.VideoFrame, meta: FrameMeta) -> list[Event]:
         """Score ``frame`` against the previous one; a ``scene_change`` event when due."""
-        codes = small_luma(frame, self._reformatter)
+        return self.process_luma(small_luma(frame, self._reformatter), meta)
+
+    def process_luma(self, codes: bytes, meta: FrameMeta) -> list[Event]:
+        """:meth:`process` for a frame whose :func:`~pipeline.analyzers.base.small_luma`
+        the caller already has (it runs black on the same codes)."""
         previous, self._previous = self._previous, codes
         if previous is None:
             return []
