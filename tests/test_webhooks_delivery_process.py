@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import json
 import os
 import signal
 import subprocess
@@ -106,6 +107,74 @@ async def test_a_killed_delivery_process_is_replaced_and_nothing_is_skipped(
         await delivery.aclose()
         await receivers.close()
     assert delivery.pid is not None and process_gone(delivery.pid)
+
+
+def context_switches(pid: int) -> int:
+    """Every thread's context switches so far (each one a wake-up or a preemption)."""
+    total = 0
+    for task in os.listdir(f"/proc/{pid}/task"):
+        with open(f"/proc/{pid}/task/{task}/status") as status:
+            for line in status:
+                if "ctxt_switches:" in line:  # voluntary and nonvoluntary
+                    total += int(line.split()[1])
+    return total
+
+
+def saved_upto(cursors: Path, name: str) -> int | None:
+    """The webhook's cursor in the cursor file, or None (not written yet)."""
+    try:
+        entry = json.loads(cursors.read_text())["webhooks"][name]
+    except (OSError, ValueError, KeyError):
+        return None
+    upto = entry["upto"]
+    return upto if isinstance(upto, int) else None
+
+
+async def test_an_idle_delivery_child_sleeps_and_its_items_follow_the_log_again(
+    tmp_path: Path, timeline_factory: Callable[..., Timeline]
+) -> None:
+    timeline = await asyncio.to_thread(timeline_factory)
+    receivers = Receivers()
+    await receivers.start()
+    endpoint = receivers.add("hook", SECRET)
+    webhook = retrying_hook(receivers.url("/ok/hook"), SECRET)
+    delivery = DeliveryProcess(
+        [webhook], timeline, tmp_path / "webhooks", "asyncio", gather_s=FEED_GATHER_S
+    )
+    await delivery.start()
+    remote = delivery.webhooks[0]
+    try:
+        for n in range(5):
+            await timeline.append(NewEvent("run-a", "stream_warning", "p", {"n": n}))
+        await eventually(  # the pushed item (no request), not a fresh one
+            lambda: remote.status()["cursor"] == timeline.durable_seq,
+            within=20,
+            awaiting=lambda: f"pushed cursor {remote.status()['cursor']}",
+        )
+        cursors = tmp_path / "webhooks" / "cursors.json"
+        await eventually(  # the last cursor save (a group commit up to 1 s after)
+            lambda: saved_upto(cursors, "hook") == timeline.durable_seq,
+            within=20,
+            awaiting=lambda: f"saved cursor {saved_upto(cursors, 'hook')}",
+        )
+        await asyncio.sleep(0.3)  # its last checks (STATUS_QUIET_CHECKS of 50 ms)
+        assert delivery.pid is not None
+        before = context_switches(delivery.pid)
+        await asyncio.sleep(2.0)
+        woke = context_switches(delivery.pid) - before
+        # looking for changes every 50 ms while idle made about 40 in 2 s
+        assert woke <= 4, f"an idle delivery child woke {woke} times in 2 s"
+        seq = await timeline.append(NewEvent("run-a", "stream_warning", "p", {"n": "after"}))
+        await eventually(
+            lambda: remote.status()["cursor"] == seq and remote.status()["lag_events"] == 0,
+            within=20,
+            awaiting=lambda: f"pushed item after the quiet: {remote.status()}",
+        )
+        assert f"run-a:{seq}" in endpoint.first_ids()
+        assert remote.outcomes["success"] == 6
+    finally:
+        await delivery.aclose()
+        await receivers.close()
 
 
 async def test_a_cursor_file_that_is_not_one_refuses_the_start(

@@ -34,8 +34,11 @@ Rules:
   ``failed`` with the error (a cursor file that is not one refuses the server's start,
   as in the server's process: :class:`~whip.webhooks.cursor.CursorFileError`);
   ``status`` with every webhook's ``GET /v1/webhooks`` item as the body (JSON), pushed
-  whenever an item changed (checked every :data:`STATUS_INTERVAL_S`) and answered at
-  once to a request (``id``).
+  whenever an item changed and answered at once to a request (``id``). The child looks
+  for changes every :data:`STATUS_INTERVAL_S` from each ``durable`` frame until
+  :data:`STATUS_QUIET_CHECKS` checks in a row find no change and no webhook with events
+  left to deliver (in flight, retrying, or not yet read); then it sleeps until the next
+  ``durable`` frame, so an idle child does not wake (it did 20 times a second).
 - **What the server shows**: :class:`RemoteWebhook` (one per entry, the
   :class:`~whip.webhooks.status.WebhookStatus` of the routes and the metrics) holds the
   last pushed item, parsed only when read; :meth:`RemoteWebhook.describe` asks the child
@@ -124,7 +127,11 @@ START_DEADLINE_S: Final = 120.0
 EXIT_DEADLINE_S: Final = 10.0
 """Bound on a child's exit once its stdin closed (its dispatchers save their cursors)."""
 STATUS_INTERVAL_S: Final = 0.05
-"""How often the child looks for a changed item to push."""
+"""How often the child looks for a changed item to push while it is looking (the log
+moved, or a webhook still has events to deliver)."""
+STATUS_QUIET_CHECKS: Final = 2
+"""Checks in a row with no item changed and nothing left to deliver after which the child
+stops looking until the log moves again (an idle child does not wake)."""
 STATUS_DEADLINE_S: Final = 5.0
 """Bound on a status request; past it the last pushed items are shown."""
 RESTART_DELAYS_S: Final = (0.5, 1.0, 2.0, 5.0, 10.0, 30.0)
@@ -574,6 +581,8 @@ class _Delivery:
         self._dispatchers: list[WebhookDispatcher] = []
         self._pending_upto = 0
         self._last_items = b""
+        self._log_moved = asyncio.Event()
+        """Set by each durable frame taken: :meth:`_push_changes` looks again."""
 
     def on_frame(self, header: dict[str, Any], _body: bytes) -> None:
         op = header.get("op")
@@ -598,6 +607,7 @@ class _Delivery:
             logger.error("webhook delivery process: %s; exiting to start afresh", exc)
             self.failed = exc
             self.ended.set()
+        self._log_moved.set()
 
     async def run(self, start: dict[str, Any]) -> None:
         webhooks = [webhook_from_json(entry) for entry in start["webhooks"]]
@@ -627,15 +637,20 @@ class _Delivery:
             finally:
                 log.close()
 
-    def push_items(self, request_id: int, *, force: bool) -> None:
+    def push_items(self, request_id: int, *, force: bool) -> bool:
+        """Push the items if one changed (or ``force``); whether to keep looking: an item
+        changed, or a webhook that is not disabled has events left to deliver."""
         if self._group is None:
             if force:  # not started yet: nothing to show but the start's
                 self._out.write(frame({"op": "status", "id": request_id}, b"[]"))
-            return
-        items = orjson.dumps([dispatcher.status() for dispatcher in self._dispatchers])
-        if force or items != self._last_items:
+            return False
+        statuses = [dispatcher.status() for dispatcher in self._dispatchers]
+        items = orjson.dumps(statuses)
+        changed = items != self._last_items
+        if force or changed:
             self._last_items = items
             self._out.write(frame({"op": "status", "id": request_id}, items))
+        return changed or any(_owes_events(status) for status in statuses)
 
     async def _forget_passed(self, log: FollowedLog) -> None:
         """Keep the index to what is still to be delivered (module rules)."""
@@ -652,9 +667,20 @@ class _Delivery:
                 logger.debug("webhook delivery: %d passed runs left the index", forgotten)
 
     async def _push_changes(self) -> None:
+        """Push changed items while the log moves or events are owed (module rules)."""
         while True:
-            self.push_items(0, force=False)
-            await asyncio.sleep(STATUS_INTERVAL_S)
+            await self._log_moved.wait()
+            self._log_moved.clear()
+            quiet = 0
+            while quiet < STATUS_QUIET_CHECKS:
+                quiet = 0 if self.push_items(0, force=False) else quiet + 1
+                await asyncio.sleep(STATUS_INTERVAL_S)
+
+
+def _owes_events(status: dict[str, object]) -> bool:
+    """A webhook item with events still to deliver (its lag moves on its own: the
+    seconds while one is in flight, the counts as retries land)."""
+    return status["state"] != "disabled" and bool(status["in_flight"] or status["lag_events"])
 
 
 async def serve() -> int:
