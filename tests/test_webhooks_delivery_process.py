@@ -10,6 +10,7 @@ import base64
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -175,6 +176,39 @@ async def test_an_idle_delivery_child_sleeps_and_its_items_follow_the_log_again(
     finally:
         await delivery.aclose()
         await receivers.close()
+
+
+async def test_the_pushed_items_follow_retries_when_no_frame_comes(
+    tmp_path: Path, timeline_factory: Callable[..., Timeline]
+) -> None:
+    timeline = await asyncio.to_thread(timeline_factory)
+    with socket.socket() as probe:  # a port nobody listens on: every attempt refused
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    webhook = retrying_hook(f"http://127.0.0.1:{port}/hook", SECRET)
+    delivery = DeliveryProcess(
+        [webhook], timeline, tmp_path / "webhooks", "asyncio", gather_s=FEED_GATHER_S
+    )
+    await delivery.start()
+    remote = delivery.webhooks[0]
+    try:
+        await timeline.append(NewEvent("run-a", "stream_warning", "p", {"n": 0}))
+        # one durable frame, then none: only the child's own checks can push the attempts
+        await eventually(
+            lambda: sum(remote.outcomes.values()) >= 5,
+            within=20,
+            awaiting=lambda: f"pushed item: {remote.status()}",
+        )
+        item = remote.status()
+        assert "success" not in remote.outcomes and item["lag_events"] == 1
+        assert item["in_flight"] == 1 and isinstance(item["lag_seconds"], float)
+        await eventually(  # the seconds of the event in delivery grow in the pushed item
+            lambda: float(remote.status()["lag_seconds"]) > float(item["lag_seconds"]),
+            within=5,
+            awaiting=lambda: f"lag_seconds still {remote.status()['lag_seconds']}",
+        )
+    finally:
+        await delivery.aclose()
 
 
 async def test_a_cursor_file_that_is_not_one_refuses_the_start(

@@ -35,10 +35,13 @@ Rules:
   as in the server's process: :class:`~whip.webhooks.cursor.CursorFileError`);
   ``status`` with every webhook's ``GET /v1/webhooks`` item as the body (JSON), pushed
   whenever an item changed and answered at once to a request (``id``). The child looks
-  for changes every :data:`STATUS_INTERVAL_S` from each ``durable`` frame until
+  for changes when a ``durable`` frame wakes it (at most every gather window while the
+  log moves, and no wake-up of its own), and once the frames stop, every
+  :data:`STATUS_INTERVAL_S` from :data:`STATUS_TRAILING_S` after the last one until
   :data:`STATUS_QUIET_CHECKS` checks in a row find no change and no webhook with events
   left to deliver (in flight, retrying, or not yet read); then it sleeps until the next
-  ``durable`` frame, so an idle child does not wake (it did 20 times a second).
+  ``durable`` frame. An idle child does not wake (it did 20 times a second), and a busy
+  one wakes only for its work.
 - **What the server shows**: :class:`RemoteWebhook` (one per entry, the
   :class:`~whip.webhooks.status.WebhookStatus` of the routes and the metrics) holds the
   last pushed item, parsed only when read; :meth:`RemoteWebhook.describe` asks the child
@@ -130,6 +133,9 @@ STATUS_INTERVAL_S: Final = 0.05
 """How often the child looks for a changed item to push while it is looking (the log
 moved, or a webhook still has events to deliver)."""
 STATUS_QUIET_CHECKS: Final = 2
+STATUS_TRAILING_S: Final = 0.1
+"""How long after the last ``durable`` frame the child starts looking on its own: longer
+than the server's gather window, so frames that keep coming carry every check."""
 """Checks in a row with no item changed and nothing left to deliver after which the child
 stops looking until the log moves again (an idle child does not wake)."""
 STATUS_DEADLINE_S: Final = 5.0
@@ -581,8 +587,11 @@ class _Delivery:
         self._dispatchers: list[WebhookDispatcher] = []
         self._pending_upto = 0
         self._last_items = b""
-        self._log_moved = asyncio.Event()
-        """Set by each durable frame taken: :meth:`_push_changes` looks again."""
+        self._looking: asyncio.TimerHandle | None = None
+        """The next check of its own (module rules), None while it sleeps."""
+        self._quiet_checks = 0
+        self._checked_at = -STATUS_INTERVAL_S
+        """``time.monotonic()`` of the last check on a durable frame's wake."""
 
     def on_frame(self, header: dict[str, Any], _body: bytes) -> None:
         op = header.get("op")
@@ -607,7 +616,30 @@ class _Delivery:
             logger.error("webhook delivery process: %s; exiting to start afresh", exc)
             self.failed = exc
             self.ended.set()
-        self._log_moved.set()
+        if self._group is None or self.failed is not None:
+            return
+        now = time.monotonic()
+        if now - self._checked_at >= STATUS_INTERVAL_S:  # frames may come in a burst
+            self._checked_at = now
+            self.push_items(0, force=False)
+        self._look_after(STATUS_TRAILING_S)
+
+    def _look_after(self, delay: float) -> None:
+        """(Re)arm the one check of its own ``delay`` from now (module rules)."""
+        if self._looking is not None:
+            self._looking.cancel()
+        self._quiet_checks = 0
+        self._looking = asyncio.get_running_loop().call_later(delay, self._look)
+
+    def _look(self) -> None:
+        self._looking = None
+        if self.push_items(0, force=False):
+            self._quiet_checks = 0
+        else:
+            self._quiet_checks += 1
+            if self._quiet_checks >= STATUS_QUIET_CHECKS:
+                return  # asleep until the next durable frame
+        self._looking = asyncio.get_running_loop().call_later(STATUS_INTERVAL_S, self._look)
 
     async def run(self, start: dict[str, Any]) -> None:
         webhooks = [webhook_from_json(entry) for entry in start["webhooks"]]
@@ -618,20 +650,17 @@ class _Delivery:
         dispatchers = [WebhookDispatcher(webhook, log, store) for webhook in webhooks]
         group = WebhookGroup(dispatchers, log, gather_s=0.0)
         await group.start()
-        self._log, self._group = log, group
-        self._advance()  # what became durable while the log was indexed
-        self._dispatchers = dispatchers
+        self._log, self._group, self._dispatchers = log, group, dispatchers
+        self._advance()  # what became durable while the log was indexed; the first items
         self._out.write(frame({"op": "ready"}))
-        helpers = [
-            asyncio.create_task(self._push_changes(), name="webhook-status-push"),
-            asyncio.create_task(self._forget_passed(log), name="webhook-index-forget"),
-        ]
+        forget = asyncio.create_task(self._forget_passed(log), name="webhook-index-forget")
         try:
             await self.ended.wait()
         finally:
-            for helper in helpers:
-                helper.cancel()
-            await asyncio.gather(*helpers, return_exceptions=True)
+            if self._looking is not None:
+                self._looking.cancel()
+            forget.cancel()
+            await asyncio.gather(forget, return_exceptions=True)
             try:
                 await group.aclose()
             finally:
@@ -665,16 +694,6 @@ class _Delivery:
             forgotten = log.forget_passed(min(cursors), idle_before)
             if forgotten:
                 logger.debug("webhook delivery: %d passed runs left the index", forgotten)
-
-    async def _push_changes(self) -> None:
-        """Push changed items while the log moves or events are owed (module rules)."""
-        while True:
-            await self._log_moved.wait()
-            self._log_moved.clear()
-            quiet = 0
-            while quiet < STATUS_QUIET_CHECKS:
-                quiet = 0 if self.push_items(0, force=False) else quiet + 1
-                await asyncio.sleep(STATUS_INTERVAL_S)
 
 
 def _owes_events(status: dict[str, object]) -> bool:
