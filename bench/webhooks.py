@@ -44,7 +44,11 @@ Sections:
    ``fsync_mean_ms`` is the WAL's mean ``fdatasync`` per group commit in its windows
    (``Timeline.sync_latency``); ``pooled`` also gives the added mean in milliseconds and
    the added ``fdatasync`` mean beside it (``added_mean_ms_*``, ``added_fsync_mean_ms_*``):
-   how much of what webhooks add is the disk, the rest being CPU. Three workloads:
+   how much of what webhooks add is the disk, the rest being CPU. Each mode also gets
+   ``server_us_per_append``, this process's CPU (every thread: the loop, the WAL writer,
+   the producers, the server's side of the webhooks; not the delivery process's nor the
+   receiver's) an append in its windows, and each round ``added_server_cpu_percent_*``:
+   what webhooks cost the server in CPU rather than latency. Three workloads:
    ``ingest_mix`` (a steady ``--mix-rate`` appends/s, default 100, mostly ``stats``,
    every 10th a lifecycle type: what a server's timeline sees), ``every_event_paced``
    (a steady ``--paced-rate`` appends/s, default 150, every event wanted by every webhook:
@@ -93,6 +97,7 @@ from bench.support.interleaved_webhooks import (  # noqa: E402
     interleaved_cost,
     measured,
     process_cpu_s,
+    server_us_per_append,
     stopped_if,
     us_per_delivery,
     wait_remote_cursors,
@@ -511,6 +516,8 @@ async def confirm_latency(
     pooled: dict[str, list[float]] = {mode: [] for mode in modes}
     pooled_sync: dict[str, list[float]] = {mode: [0.0, 0] for mode in modes}
     """Per mode: seconds of the WAL's ``fdatasync`` in its windows, and how many."""
+    pooled_cpu = dict.fromkeys(modes, 0.0)
+    """Per mode: this process's CPU seconds in its windows (:class:`Window`)."""
     try:
         await load(timeline, appends // 4, producers)  # warm-up
         for number in range(args.rounds * 2):
@@ -539,19 +546,25 @@ async def confirm_latency(
                     window = await round_with_thread(
                         timeline, cursors / "thread", url, webhooks, load, appends, producers
                     )
-                latencies, sync_s, syncs = window
                 figures[mode] = {
-                    **percentiles_ms(latencies),
-                    "fsync_mean_ms": fsync_mean_ms(sync_s, syncs),
+                    **percentiles_ms(window.latencies),
+                    "fsync_mean_ms": fsync_mean_ms(window.sync_s, window.syncs),
+                    "server_us_per_append": server_us_per_append(
+                        window.server_cpu_s, len(window.latencies)
+                    ),
                 }
-                pooled[mode] += latencies
-                pooled_sync[mode][0] += sync_s
-                pooled_sync[mode][1] += syncs
+                pooled[mode] += window.latencies
+                pooled_sync[mode][0] += window.sync_s
+                pooled_sync[mode][1] += window.syncs
+                pooled_cpu[mode] += window.server_cpu_s
             for mode in modes[1:]:
                 figures[f"added_p50_percent_{mode}"] = added(figures, mode, "p50_ms")
                 figures[f"added_p90_percent_{mode}"] = added(figures, mode, "p90_ms")
                 figures[f"added_p99_percent_{mode}"] = added(figures, mode, "p99_ms")
                 figures[f"added_mean_percent_{mode}"] = added(figures, mode, "mean_ms")
+                figures[f"added_server_cpu_percent_{mode}"] = added(
+                    figures, mode, "server_us_per_append"
+                )
             rounds.append({"order": list(order), **figures})
             log(f"{workload} round {order}: {figures}")
     finally:
@@ -562,6 +575,9 @@ async def confirm_latency(
     every: dict[str, Any] = {mode: percentiles_ms(samples) for mode, samples in pooled.items()}
     for mode, (sync_s, syncs) in pooled_sync.items():
         every[mode]["fsync_mean_ms"] = fsync_mean_ms(sync_s, int(syncs))
+        every[mode]["server_us_per_append"] = server_us_per_append(
+            pooled_cpu[mode], len(pooled[mode])
+        )
     cpu = sum(r["cpu_s"] for r in CHILD_CPU)
     deliveries = sum(r["deliveries"] for r in CHILD_CPU)
     every["delivery_process_cpu"] = {
@@ -572,6 +588,7 @@ async def confirm_latency(
     for mode in modes[1:]:
         for stat in ("p50_ms", "p90_ms", "p99_ms", "mean_ms"):
             every[f"added_{stat.removesuffix('_ms')}_percent_{mode}"] = added(every, mode, stat)
+        every[f"added_server_cpu_percent_{mode}"] = added(every, mode, "server_us_per_append")
         for key, value in disk_share(every["none"], every[mode]).items():
             every[f"{key}_{mode}"] = value
     return {

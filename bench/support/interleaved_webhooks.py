@@ -24,8 +24,9 @@ Method:
   written into the child's pipe per gathered wake-up (about 20 small writes a second at
   100 appends/s; the pipe holds them while the child is stopped). The figure is low by
   that share, a few microseconds of the loop's time a second.
-- Per window: the confirm-latency percentiles and the WAL's mean ``fdatasync`` per group
-  commit (``Timeline.sync_latency``). Per side: the child's CPU a delivery, its window
+- Per window: the confirm-latency percentiles, the WAL's mean ``fdatasync`` per group
+  commit (``Timeline.sync_latency``) and this process's CPU an append
+  (``server_us_per_append``, :class:`Window`). Per side: the child's CPU a delivery, its window
   and catch-up together (``child_us_per_delivery``: in ``webhooks`` delivered live, in
   ``none`` as a backlog after the window). Per pair: the added percentages of its ``webhooks``
   window over its ``none`` window. Output: every window's samples pooled per side, the
@@ -42,7 +43,7 @@ import signal
 import time
 from collections.abc import Awaitable, Callable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 from bench.support.latency import (
     added_percent,
@@ -59,17 +60,37 @@ Load = Callable[[Timeline, int, int], Awaitable[list[float]]]
 
 SIDES = ("none", "webhooks")
 
-Window = tuple[list[float], float, int]
-"""A measured window: the appends' confirm latencies (seconds), and the WAL's
-``fdatasync`` seconds and count in it."""
+
+class Window(NamedTuple):
+    """A measured window."""
+
+    latencies: list[float]
+    """The appends' confirm latencies (seconds)."""
+    sync_s: float
+    """The WAL's ``fdatasync`` seconds in the window ..."""
+    syncs: int
+    """... and how many."""
+    server_cpu_s: float
+    """This process's CPU seconds in the window (every thread: the loop, the WAL writer,
+    the load's producers, the server's side of the webhooks), the delivery process and
+    the receiver not included: what the server spent on its appends."""
 
 
 async def measured(timeline: Timeline, load: Load, appends: int, producers: int) -> Window:
-    """``load`` run once as a measured :data:`Window`."""
+    """``load`` run once as a measured :class:`Window`."""
     synced_before = timeline.sync_latency.read()
+    cpu_before = time.process_time()
     latencies = await load(timeline, appends, producers)
+    cpu = time.process_time() - cpu_before
     synced = timeline.sync_latency.read()
-    return latencies, synced.total - synced_before.total, synced.count - synced_before.count
+    return Window(
+        latencies, synced.total - synced_before.total, synced.count - synced_before.count, cpu
+    )
+
+
+def server_us_per_append(cpu_s: float, appends: int) -> float | None:
+    """The server's CPU microseconds an append (None without appends)."""
+    return round(1e6 * cpu_s / appends, 1) if appends else None
 
 
 @contextlib.contextmanager
@@ -150,6 +171,7 @@ async def interleaved_cost(
     await wait_remote_cursors(delivery, timeline.durable_seq, 600)
     pooled: dict[str, list[float]] = {side: [] for side in SIDES}
     pooled_sync: dict[str, list[float]] = {side: [0.0, 0] for side in SIDES}
+    server_cpu = dict.fromkeys(SIDES, 0.0)
     child: dict[str, list[float]] = {side: [0.0, 0] for side in SIDES}
     """Per side: the child's CPU seconds and deliveries, each window with its catch-up."""
     per_pair: list[dict[str, Any]] = []
@@ -157,17 +179,23 @@ async def interleaved_cost(
         order = SIDES if number % 2 == 0 else SIDES[::-1]
         figures: dict[str, Any] = {"order": list(order)}
         for side in order:
-            (latencies, sync_s, syncs), cpu_s, deliveries = await _window(
+            window, cpu_s, deliveries = await _window(
                 timeline, delivery, load, side, window_appends, producers
             )
             child[side][0] += cpu_s
             child[side][1] += deliveries
-            fsync_ms = fsync_mean_ms(sync_s, syncs)
-            figures[side] = {**percentiles_ms(latencies), "fsync_mean_ms": fsync_ms}
-            pooled[side] += latencies
-            pooled_sync[side][0] += sync_s
-            pooled_sync[side][1] += syncs
-        for stat in ("p50_ms", "p90_ms", "p99_ms", "mean_ms"):
+            figures[side] = {
+                **percentiles_ms(window.latencies),
+                "fsync_mean_ms": fsync_mean_ms(window.sync_s, window.syncs),
+                "server_us_per_append": server_us_per_append(
+                    window.server_cpu_s, len(window.latencies)
+                ),
+            }
+            pooled[side] += window.latencies
+            pooled_sync[side][0] += window.sync_s
+            pooled_sync[side][1] += window.syncs
+            server_cpu[side] += window.server_cpu_s
+        for stat in ("p50_ms", "p90_ms", "p99_ms", "mean_ms", "server_us_per_append"):
             figures[f"added_{stat.removesuffix('_ms')}_percent"] = added_percent(
                 figures["none"][stat], figures["webhooks"][stat]
             )
@@ -181,9 +209,10 @@ async def interleaved_cost(
         every[side] = {
             **percentiles_ms(pooled[side]),
             "fsync_mean_ms": fsync_ms,
+            "server_us_per_append": server_us_per_append(server_cpu[side], len(pooled[side])),
             "child_us_per_delivery": us_per_delivery(cpu_s, int(deliveries)),
         }
-    for stat in ("p50_ms", "p90_ms", "p99_ms", "mean_ms"):
+    for stat in ("p50_ms", "p90_ms", "p99_ms", "mean_ms", "server_us_per_append"):
         every[f"added_{stat.removesuffix('_ms')}_percent"] = added_percent(
             every["none"][stat], every["webhooks"][stat]
         )
