@@ -26,7 +26,13 @@ from tests.support.processes import process_gone
 from tests.support.webhook_receivers import Receivers, retrying_hook
 from whip.webhooks.config import parse_webhooks
 from whip.webhooks.cursor import CursorFileError
-from whip.webhooks.delivery_process import DELIVERY_NICE, DeliveryProcess
+from whip.webhooks.delivery_process import (
+    DELIVERY_NICE,
+    STATUS_INTERVAL_S,
+    STATUS_QUIET_CHECKS,
+    STATUS_TRAILING_S,
+    DeliveryProcess,
+)
 from whip.webhooks.group import FEED_GATHER_S
 
 SECRET = "whsec_" + base64.b64encode(b"d" * 32).decode()
@@ -158,12 +164,13 @@ async def test_an_idle_delivery_child_sleeps_and_its_items_follow_the_log_again(
             within=20,
             awaiting=lambda: f"saved cursor {saved_upto(cursors, 'hook')}",
         )
-        await asyncio.sleep(0.3)  # its last checks (STATUS_QUIET_CHECKS of 50 ms)
+        # the item's last change pushed, then its quiet checks: asleep after that
+        await asyncio.sleep((STATUS_QUIET_CHECKS + 1) * (STATUS_INTERVAL_S + STATUS_TRAILING_S))
         assert delivery.pid is not None
         before = context_switches(delivery.pid)
         await asyncio.sleep(2.0)
         woke = context_switches(delivery.pid) - before
-        # looking for changes every 50 ms while idle made about 40 in 2 s
+        # looking for changes every 50 ms, idle or not, had made about 40 in 2 s
         assert woke <= 4, f"an idle delivery child woke {woke} times in 2 s"
         seq = await timeline.append(NewEvent("run-a", "stream_warning", "p", {"n": "after"}))
         await eventually(
@@ -232,7 +239,13 @@ import asyncio, sys
 from pathlib import Path
 from registry.timeline import Timeline, TimelineConfig
 from whip.webhooks.config import parse_webhooks
-from whip.webhooks.delivery_process import DELIVERY_NICE, DeliveryProcess
+from whip.webhooks.delivery_process import (
+    DELIVERY_NICE,
+    STATUS_INTERVAL_S,
+    STATUS_QUIET_CHECKS,
+    STATUS_TRAILING_S,
+    DeliveryProcess,
+)
 
 async def main():
     timeline = Timeline.open(TimelineConfig(Path(sys.argv[1])))

@@ -34,14 +34,14 @@ Rules:
   ``failed`` with the error (a cursor file that is not one refuses the server's start,
   as in the server's process: :class:`~whip.webhooks.cursor.CursorFileError`);
   ``status`` with every webhook's ``GET /v1/webhooks`` item as the body (JSON), pushed
-  whenever an item changed and answered at once to a request (``id``). The child looks
-  for changes when a ``durable`` frame wakes it (at most every gather window while the
-  log moves, and no wake-up of its own), and once the frames stop, every
-  :data:`STATUS_INTERVAL_S` from :data:`STATUS_TRAILING_S` after the last one until
-  :data:`STATUS_QUIET_CHECKS` checks in a row find no change and no webhook with events
-  left to deliver (in flight, retrying, or not yet read); then it sleeps until the next
-  ``durable`` frame. An idle child does not wake (it did 20 times a second), and a busy
-  one wakes only for its work.
+  whenever an item changed and answered at once to a request (``id``). The child checks
+  its items at most every :data:`STATUS_INTERVAL_S`: on the wake of a ``durable`` frame
+  while the log moves (no wake-up of its own), then, once the frames stop, on its own
+  timer until :data:`STATUS_QUIET_CHECKS` checks in a row find no change and no webhook
+  with events left to deliver (in flight, retrying, or not yet read); then it sleeps
+  until the next ``durable`` frame. So an idle child does not wake, and neither it nor
+  the server's loop wakes for status more than once a second (it had been 20 times a
+  second each, idle or not).
 - **What the server shows**: :class:`RemoteWebhook` (one per entry, the
   :class:`~whip.webhooks.status.WebhookStatus` of the routes and the metrics) holds the
   last pushed item, parsed only when read; :meth:`RemoteWebhook.describe` asks the child
@@ -129,15 +129,17 @@ START_DEADLINE_S: Final = 120.0
 """Bound on a child's start to its ready frame (it indexes the whole log first)."""
 EXIT_DEADLINE_S: Final = 10.0
 """Bound on a child's exit once its stdin closed (its dispatchers save their cursors)."""
-STATUS_INTERVAL_S: Final = 0.05
-"""How often the child looks for a changed item to push while it is looking (the log
-moved, or a webhook still has events to deliver)."""
-STATUS_QUIET_CHECKS: Final = 2
+STATUS_INTERVAL_S: Final = 1.0
+"""At most how often the child checks its items and pushes the changed ones unasked: the
+items the server's metrics read are about this old at most (``GET /v1/webhooks`` asks for
+fresh ones). Each push wakes the server's loop, which the appends' confirmations share."""
 STATUS_TRAILING_S: Final = 0.1
-"""How long after the last ``durable`` frame the child starts looking on its own: longer
-than the server's gather window, so frames that keep coming carry every check."""
+"""How much later than :data:`STATUS_INTERVAL_S` after a check the child's own timer
+fires: ``durable`` frames that keep coming (every gather window) carry every check, and
+the timer only runs once they stop."""
+STATUS_QUIET_CHECKS: Final = 2
 """Checks in a row with no item changed and nothing left to deliver after which the child
-stops looking until the log moves again (an idle child does not wake)."""
+stops checking until the log moves again (an idle child does not wake)."""
 STATUS_DEADLINE_S: Final = 5.0
 """Bound on a status request; past it the last pushed items are shown."""
 RESTART_DELAYS_S: Final = (0.5, 1.0, 2.0, 5.0, 10.0, 30.0)
@@ -591,7 +593,7 @@ class _Delivery:
         """The next check of its own (module rules), None while it sleeps."""
         self._quiet_checks = 0
         self._checked_at = -STATUS_INTERVAL_S
-        """``time.monotonic()`` of the last check on a durable frame's wake."""
+        """``time.monotonic()`` of the last check of the items."""
 
     def on_frame(self, header: dict[str, Any], _body: bytes) -> None:
         op = header.get("op")
@@ -618,28 +620,36 @@ class _Delivery:
             self.ended.set()
         if self._group is None or self.failed is not None:
             return
-        now = time.monotonic()
-        if now - self._checked_at >= STATUS_INTERVAL_S:  # frames may come in a burst
-            self._checked_at = now
-            self.push_items(0, force=False)
-        self._look_after(STATUS_TRAILING_S)
-
-    def _look_after(self, delay: float) -> None:
-        """(Re)arm the one check of its own ``delay`` from now (module rules)."""
-        if self._looking is not None:
-            self._looking.cancel()
         self._quiet_checks = 0
-        self._looking = asyncio.get_running_loop().call_later(delay, self._look)
+        if time.monotonic() - self._checked_at >= STATUS_INTERVAL_S:
+            self._check()  # on this frame's wake
+        elif self._looking is None:
+            self._look_later()
 
-    def _look(self) -> None:
-        self._looking = None
+    def _check(self) -> None:
+        """Push the changed items; count the quiet checks; the next check of its own."""
+        self._checked_at = time.monotonic()
         if self.push_items(0, force=False):
             self._quiet_checks = 0
         else:
             self._quiet_checks += 1
-            if self._quiet_checks >= STATUS_QUIET_CHECKS:
-                return  # asleep until the next durable frame
-        self._looking = asyncio.get_running_loop().call_later(STATUS_INTERVAL_S, self._look)
+        if self._quiet_checks < STATUS_QUIET_CHECKS:
+            self._look_later()
+        elif self._looking is not None:  # asleep until the next durable frame
+            self._looking.cancel()
+            self._looking = None
+
+    def _look_later(self) -> None:
+        """(Re)arm the check of its own, after the next frame's would be due (module rules)."""
+        if self._looking is not None:
+            self._looking.cancel()
+        self._looking = asyncio.get_running_loop().call_later(
+            STATUS_INTERVAL_S + STATUS_TRAILING_S, self._on_timer
+        )
+
+    def _on_timer(self) -> None:
+        self._looking = None
+        self._check()
 
     async def run(self, start: dict[str, Any]) -> None:
         webhooks = [webhook_from_json(entry) for entry in start["webhooks"]]
