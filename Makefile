@@ -63,6 +63,7 @@ bench: $(STAMP)
 	$(BIN)/python bench/capacity.py > bench-capacity.json
 	$(BIN)/python bench/soak.py > bench-soak.json
 	$(BIN)/python bench/webhooks.py > bench-webhooks.json
+	$(BIN)/python bench/webhook_wakeups.py > bench-webhook-wakeups.json
 	$(BIN)/python bench/fsync_interference.py > bench-fsync-interference.json
 	$(BIN)/python bench/dashboard.py > bench-dashboard.json
 	$(BIN)/python bench/cluster.py > bench-cluster.json
