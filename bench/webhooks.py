@@ -96,18 +96,17 @@ from bench.support.interleaved_webhooks import (  # noqa: E402
     delivered,
     interleaved_cost,
     measured,
+    pooled_window,
     process_cpu_s,
-    server_us_per_append,
     stopped_if,
     us_per_delivery,
     wait_remote_cursors,
+    window_figures,
 )
 from bench.support.latency import (  # noqa: E402
     added_percent,
     disk_share,
-    fsync_mean_ms,
     mean_interval,
-    percentiles_ms,
 )
 from bench.support.saturated_delivery import saturated  # noqa: E402
 from registry.events import NewEvent  # noqa: E402
@@ -513,11 +512,7 @@ async def confirm_latency(
         + (["thread"] if args.compare_thread else [])
     )
     rounds: list[dict[str, Any]] = []
-    pooled: dict[str, list[float]] = {mode: [] for mode in modes}
-    pooled_sync: dict[str, list[float]] = {mode: [0.0, 0] for mode in modes}
-    """Per mode: seconds of the WAL's ``fdatasync`` in its windows, and how many."""
-    pooled_cpu = dict.fromkeys(modes, 0.0)
-    """Per mode: this process's CPU seconds in its windows (:class:`Window`)."""
+    windows: dict[str, list[Window]] = {mode: [] for mode in modes}
     try:
         await load(timeline, appends // 4, producers)  # warm-up
         for number in range(args.rounds * 2):
@@ -546,17 +541,8 @@ async def confirm_latency(
                     window = await round_with_thread(
                         timeline, cursors / "thread", url, webhooks, load, appends, producers
                     )
-                figures[mode] = {
-                    **percentiles_ms(window.latencies),
-                    "fsync_mean_ms": fsync_mean_ms(window.sync_s, window.syncs),
-                    "server_us_per_append": server_us_per_append(
-                        window.server_cpu_s, len(window.latencies)
-                    ),
-                }
-                pooled[mode] += window.latencies
-                pooled_sync[mode][0] += window.sync_s
-                pooled_sync[mode][1] += window.syncs
-                pooled_cpu[mode] += window.server_cpu_s
+                figures[mode] = window_figures(window)
+                windows[mode].append(window)
             for mode in modes[1:]:
                 figures[f"added_p50_percent_{mode}"] = added(figures, mode, "p50_ms")
                 figures[f"added_p90_percent_{mode}"] = added(figures, mode, "p90_ms")
@@ -572,12 +558,9 @@ async def confirm_latency(
     added_keys = [key for key in rounds[0] if key.startswith("added_")]
     summary = {key: statistics.median(r[key] for r in rounds) for key in added_keys}
     intervals = {key: mean_interval([r[key] for r in rounds]) for key in added_keys}
-    every: dict[str, Any] = {mode: percentiles_ms(samples) for mode, samples in pooled.items()}
-    for mode, (sync_s, syncs) in pooled_sync.items():
-        every[mode]["fsync_mean_ms"] = fsync_mean_ms(sync_s, int(syncs))
-        every[mode]["server_us_per_append"] = server_us_per_append(
-            pooled_cpu[mode], len(pooled[mode])
-        )
+    every: dict[str, Any] = {
+        mode: window_figures(pooled_window(each)) for mode, each in windows.items()
+    }
     cpu = sum(r["cpu_s"] for r in CHILD_CPU)
     deliveries = sum(r["deliveries"] for r in CHILD_CPU)
     every["delivery_process_cpu"] = {

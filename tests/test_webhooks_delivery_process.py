@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import contextlib
 import json
 import os
 import signal
@@ -14,7 +15,7 @@ import socket
 import subprocess
 import sys
 import threading
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 
 import pytest
@@ -23,7 +24,7 @@ from registry.events import NewEvent
 from registry.timeline import Timeline
 from tests.support.eventually import eventually, eventually_blocking
 from tests.support.processes import process_gone
-from tests.support.webhook_receivers import Receivers, retrying_hook
+from tests.support.webhook_receivers import Endpoint, Receivers, retrying_hook
 from whip.webhooks.config import parse_webhooks
 from whip.webhooks.cursor import CursorFileError
 from whip.webhooks.delivery_process import (
@@ -47,10 +48,12 @@ def in_order_per_run(ids: list[str]) -> bool:
     return True
 
 
-async def test_a_killed_delivery_process_is_replaced_and_nothing_is_skipped(
-    tmp_path: Path, timeline_factory: Callable[..., Timeline]
-) -> None:
-    timeline = await asyncio.to_thread(timeline_factory)
+@contextlib.asynccontextmanager
+async def delivering_to_a_receiver(
+    tmp_path: Path, timeline: Timeline
+) -> AsyncIterator[tuple[DeliveryProcess, Endpoint]]:
+    """A started delivery process with one webhook (``hook``) to a verifying receiver on
+    loopback; both closed after the block."""
     receivers = Receivers()
     await receivers.start()
     endpoint = receivers.add("hook", SECRET)
@@ -60,6 +63,17 @@ async def test_a_killed_delivery_process_is_replaced_and_nothing_is_skipped(
     )
     await delivery.start()
     try:
+        yield delivery, endpoint
+    finally:
+        await delivery.aclose()
+        await receivers.close()
+
+
+async def test_a_killed_delivery_process_is_replaced_and_nothing_is_skipped(
+    tmp_path: Path, timeline_factory: Callable[..., Timeline]
+) -> None:
+    timeline = await asyncio.to_thread(timeline_factory)
+    async with delivering_to_a_receiver(tmp_path, timeline) as (delivery, endpoint):
         wanted: list[str] = []
         for n in range(60):
             run = RUNS[n % 3]
@@ -110,9 +124,6 @@ async def test_a_killed_delivery_process_is_replaced_and_nothing_is_skipped(
         # the server's process ran no delivery: no webhook thread was started in it
         assert not [t.name for t in threading.enumerate() if t.name.startswith("webhook")]
         assert delivery.wakeups >= 1
-    finally:
-        await delivery.aclose()
-        await receivers.close()
     assert delivery.pid is not None and process_gone(delivery.pid)
 
 
@@ -141,16 +152,8 @@ async def test_an_idle_delivery_child_sleeps_and_its_items_follow_the_log_again(
     tmp_path: Path, timeline_factory: Callable[..., Timeline]
 ) -> None:
     timeline = await asyncio.to_thread(timeline_factory)
-    receivers = Receivers()
-    await receivers.start()
-    endpoint = receivers.add("hook", SECRET)
-    webhook = retrying_hook(receivers.url("/ok/hook"), SECRET)
-    delivery = DeliveryProcess(
-        [webhook], timeline, tmp_path / "webhooks", "asyncio", gather_s=FEED_GATHER_S
-    )
-    await delivery.start()
-    remote = delivery.webhooks[0]
-    try:
+    async with delivering_to_a_receiver(tmp_path, timeline) as (delivery, endpoint):
+        remote = delivery.webhooks[0]
         for n in range(5):
             await timeline.append(NewEvent("run-a", "stream_warning", "p", {"n": n}))
         await eventually(  # the pushed item (no request), not a fresh one
@@ -180,9 +183,6 @@ async def test_an_idle_delivery_child_sleeps_and_its_items_follow_the_log_again(
         )
         assert f"run-a:{seq}" in endpoint.first_ids()
         assert remote.outcomes["success"] == 6
-    finally:
-        await delivery.aclose()
-        await receivers.close()
 
 
 async def test_the_pushed_items_follow_retries_when_no_frame_comes(

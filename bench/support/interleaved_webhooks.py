@@ -93,6 +93,25 @@ def server_us_per_append(cpu_s: float, appends: int) -> float | None:
     return round(1e6 * cpu_s / appends, 1) if appends else None
 
 
+def window_figures(window: Window) -> dict[str, Any]:
+    """A window's confirm-latency percentiles, mean ``fdatasync`` and server CPU an append."""
+    return {
+        **percentiles_ms(window.latencies),
+        "fsync_mean_ms": fsync_mean_ms(window.sync_s, window.syncs),
+        "server_us_per_append": server_us_per_append(window.server_cpu_s, len(window.latencies)),
+    }
+
+
+def pooled_window(windows: list[Window]) -> Window:
+    """Several windows as one: their samples together and their sums added."""
+    return Window(
+        [latency for window in windows for latency in window.latencies],
+        sum(window.sync_s for window in windows),
+        sum(window.syncs for window in windows),
+        sum(window.server_cpu_s for window in windows),
+    )
+
+
 @contextlib.contextmanager
 def stopped_if(pid: int, stop: bool) -> Iterator[None]:
     """``pid`` ``SIGSTOP``ped for the block when ``stop``, and continued after it whatever
@@ -169,9 +188,7 @@ async def interleaved_cost(
     """``pairs`` pairs of windows (module doc); ``delivery`` started on ``timeline``."""
     await load(timeline, window_appends, producers)  # warm-up: the child delivers once
     await wait_remote_cursors(delivery, timeline.durable_seq, 600)
-    pooled: dict[str, list[float]] = {side: [] for side in SIDES}
-    pooled_sync: dict[str, list[float]] = {side: [0.0, 0] for side in SIDES}
-    server_cpu = dict.fromkeys(SIDES, 0.0)
+    windows: dict[str, list[Window]] = {side: [] for side in SIDES}
     child: dict[str, list[float]] = {side: [0.0, 0] for side in SIDES}
     """Per side: the child's CPU seconds and deliveries, each window with its catch-up."""
     per_pair: list[dict[str, Any]] = []
@@ -184,17 +201,8 @@ async def interleaved_cost(
             )
             child[side][0] += cpu_s
             child[side][1] += deliveries
-            figures[side] = {
-                **percentiles_ms(window.latencies),
-                "fsync_mean_ms": fsync_mean_ms(window.sync_s, window.syncs),
-                "server_us_per_append": server_us_per_append(
-                    window.server_cpu_s, len(window.latencies)
-                ),
-            }
-            pooled[side] += window.latencies
-            pooled_sync[side][0] += window.sync_s
-            pooled_sync[side][1] += window.syncs
-            server_cpu[side] += window.server_cpu_s
+            figures[side] = window_figures(window)
+            windows[side].append(window)
         for stat in ("p50_ms", "p90_ms", "p99_ms", "mean_ms", "server_us_per_append"):
             figures[f"added_{stat.removesuffix('_ms')}_percent"] = added_percent(
                 figures["none"][stat], figures["webhooks"][stat]
@@ -203,13 +211,9 @@ async def interleaved_cost(
         log(f"interleaved pair {number + 1}/{pairs} {order}: {figures}")
     every: dict[str, Any] = {}
     for side in SIDES:
-        sync_s, syncs = pooled_sync[side]
-        fsync_ms = fsync_mean_ms(sync_s, int(syncs))
         cpu_s, deliveries = child[side]
         every[side] = {
-            **percentiles_ms(pooled[side]),
-            "fsync_mean_ms": fsync_ms,
-            "server_us_per_append": server_us_per_append(server_cpu[side], len(pooled[side])),
+            **window_figures(pooled_window(windows[side])),
             "child_us_per_delivery": us_per_delivery(cpu_s, int(deliveries)),
         }
     for stat in ("p50_ms", "p90_ms", "p99_ms", "mean_ms", "server_us_per_append"):
