@@ -54,6 +54,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import bench.webhooks as webhooks_bench
 from bench.support.interleaved_webhooks import delivered, wait_remote_cursors
 from registry.timeline import Timeline, TimelineConfig
+from whip.webhooks.child_priority import thread_ids
 from whip.webhooks.delivery_process import DeliveryProcess
 from whip.webhooks.group import FEED_GATHER_S
 
@@ -67,7 +68,7 @@ def log(message: str) -> None:
 
 def schedstat(pid: int, tid: int | None = None) -> tuple[int, int]:
     """CPU nanoseconds and timeslices of one thread (``tid``) or of every thread of ``pid``."""
-    tids = [tid] if tid is not None else [int(t) for t in os.listdir(f"/proc/{pid}/task")]
+    tids = [tid] if tid is not None else thread_ids(pid)
     cpu_ns = slices = 0
     for one in tids:
         with open(f"/proc/{pid}/task/{one}/schedstat") as stat:
@@ -223,9 +224,7 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
         with tempfile.TemporaryDirectory() as tmp:
             result = await measure(Path(tmp), url, args.rounds, args.appends, args.webhooks)
     finally:
-        assert receiver.stdin is not None
-        receiver.stdin.close()
-        await asyncio.wait_for(receiver.wait(), 30)
+        await webhooks_bench.close_receiver(receiver)
     return {
         "benchmark": "webhook_wakeups",
         "cpus": os.cpu_count(),

@@ -212,6 +212,13 @@ async def fast_receiver(idle: bool = False) -> tuple[asyncio.subprocess.Process,
     return child, f"http://127.0.0.1:{port}/hook"
 
 
+async def close_receiver(child: asyncio.subprocess.Process) -> None:
+    """Close :func:`fast_receiver`'s child (it exits when its stdin closes; bounded)."""
+    assert child.stdin is not None
+    child.stdin.close()
+    await asyncio.wait_for(child.wait(), 30)
+
+
 def webhook(name: str, url: str) -> WebhookConfig:
     return WebhookConfig(
         name=name,
@@ -649,9 +656,7 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
                 log(f"saturated host: {busy_host}")
     finally:
         for receiver in receivers:
-            assert receiver.stdin is not None
-            receiver.stdin.close()
-            await asyncio.wait_for(receiver.wait(), 30)
+            await close_receiver(receiver)
     return {
         "benchmark": "webhooks",
         "python": platform.python_version(),
