@@ -23,16 +23,18 @@ Sections:
   webhook, no delivery process), ``webhooks`` (a delivery process started for the round,
   delivering live) and ``stopped`` (the same process ``SIGSTOP``ped: the server's side
   alone, its fan-out's frames and the governor). The order is reversed every round. Per
-  window: the loop thread's and the WAL writer's CPU microseconds and timeslices an append,
-  and the mean confirm latency (ms); in ``webhooks`` also the child's CPU and timeslices a
-  delivery, its window and catch-up together.
-- ``pooled``: per mode, the windows' figures summed (CPU and timeslices an append or a
-  delivery over all rounds).
+  window: the loop thread's and the WAL writer's CPU microseconds, microseconds runnable but
+  waiting for a CPU (``wait``: the schedstat's run delay, what a busy core adds to a
+  wake-up) and timeslices an append, and the mean confirm latency (ms); in ``webhooks``
+  also the child's CPU and timeslices a delivery, its window and catch-up together.
+- ``pooled``: per mode, the windows' figures summed (CPU, wait and timeslices an append,
+  or CPU and timeslices a delivery, over all rounds).
 
 Usage::
 
     .venv/bin/python bench/webhook_wakeups.py              # 3 rounds of 1,000 appends
     .venv/bin/python bench/webhook_wakeups.py --quick      # 1 round of 300
+    .venv/bin/python bench/webhook_wakeups.py --receiver-idle  # the receiver at SCHED_IDLE
 """
 
 from __future__ import annotations
@@ -66,16 +68,18 @@ def log(message: str) -> None:
     print(f"[bench/webhook_wakeups {time.strftime('%H:%M:%S')}] {message}", file=sys.stderr)
 
 
-def schedstat(pid: int, tid: int | None = None) -> tuple[int, int]:
-    """CPU nanoseconds and timeslices of one thread (``tid``) or of every thread of ``pid``."""
+def schedstat(pid: int, tid: int | None = None) -> tuple[int, int, int]:
+    """CPU nanoseconds, nanoseconds runnable but waiting for a CPU, and timeslices of one
+    thread (``tid``) or of every thread of ``pid``."""
     tids = [tid] if tid is not None else thread_ids(pid)
-    cpu_ns = slices = 0
+    cpu_ns = wait_ns = slices = 0
     for one in tids:
         with open(f"/proc/{pid}/task/{one}/schedstat") as stat:
             fields = stat.read().split()
         cpu_ns += int(fields[0])
+        wait_ns += int(fields[1])
         slices += int(fields[2])
-    return cpu_ns, slices
+    return cpu_ns, wait_ns, slices
 
 
 def thread_named(name: str) -> int:
@@ -127,7 +131,7 @@ class Counters:
     def __init__(self, writer_tid: int) -> None:
         self.threads = {"loop": threading.get_native_id(), "wal_writer": writer_tid}
 
-    def read(self) -> dict[str, tuple[int, int]]:
+    def read(self) -> dict[str, tuple[int, int, int]]:
         return {name: schedstat(os.getpid(), tid) for name, tid in self.threads.items()}
 
 
@@ -141,12 +145,21 @@ async def window(
     figures: dict[str, Any] = {"mean_ms": round(1e3 * sum(latencies) / len(latencies), 3)}
     sums: dict[str, list[float]] = {}
     for name in counters.threads:
-        cpu_ns = after[name][0] - before[name][0]
-        slices = after[name][1] - before[name][1]
-        figures[f"{name}_cpu_us_per_append"] = per(cpu_ns / 1e3, len(latencies))
-        figures[f"{name}_slices_per_append"] = per(slices, len(latencies), 3)
-        sums[name] = [cpu_ns, slices, len(latencies)]
+        cpu_ns, wait_ns, slices = (a - b for a, b in zip(after[name], before[name], strict=True))
+        figures.update(thread_figures(name, cpu_ns, wait_ns, slices, len(latencies)))
+        sums[name] = [cpu_ns, wait_ns, slices, len(latencies)]
     return figures, sums
+
+
+def thread_figures(
+    name: str, cpu_ns: float, wait_ns: float, slices: float, appends: int
+) -> dict[str, float | None]:
+    """A thread's CPU, wait for a CPU (µs) and timeslices an append."""
+    return {
+        f"{name}_cpu_us_per_append": per(cpu_ns / 1e3, appends),
+        f"{name}_wait_us_per_append": per(wait_ns / 1e3, appends),
+        f"{name}_slices_per_append": per(slices, appends, 3),
+    }
 
 
 async def measure(base: Path, url: str, rounds: int, appends: int, hooks: int) -> dict[str, Any]:
@@ -171,7 +184,7 @@ async def measure(base: Path, url: str, rounds: int, appends: int, hooks: int) -
                     if mode == "none" and delivery.pid is not None:
                         await delivery.aclose()
                     assert delivery.pid is not None or mode == "none"
-                    child_before = schedstat(delivery.pid) if mode == "webhooks" else (0, 0)
+                    child_before = schedstat(delivery.pid) if mode == "webhooks" else (0, 0, 0)
                     delivered_before = delivered(delivery) if mode == "webhooks" else 0
                     if mode == "stopped":
                         os.kill(delivery.pid, signal.SIGSTOP)  # type: ignore[arg-type]
@@ -186,13 +199,13 @@ async def measure(base: Path, url: str, rounds: int, appends: int, hooks: int) -
                         child_after = schedstat(delivery.pid)  # type: ignore[arg-type]
                         made = delivered(delivery) - delivered_before
                         cpu_ns = child_after[0] - child_before[0]
-                        slices = child_after[1] - child_before[1]
+                        slices = child_after[2] - child_before[2]
                         figures[mode]["child_cpu_us_per_delivery"] = per(cpu_ns / 1e3, made)
                         figures[mode]["child_slices_per_delivery"] = per(slices, made, 3)
                         for index, value in enumerate((cpu_ns, slices, made)):
                             child_sums[index] += value
                     for name, values in sums.items():
-                        total = pooled[mode].setdefault(name, [0.0, 0.0, 0.0])
+                        total = pooled[mode].setdefault(name, [0.0] * len(values))
                         for index, value in enumerate(values):
                             total[index] += value
             finally:
@@ -204,9 +217,8 @@ async def measure(base: Path, url: str, rounds: int, appends: int, hooks: int) -
     summary: dict[str, Any] = {}
     for mode, threads in pooled.items():
         summary[mode] = {}
-        for name, (cpu_ns, slices, count) in threads.items():
-            summary[mode][f"{name}_cpu_us_per_append"] = per(cpu_ns / 1e3, int(count))
-            summary[mode][f"{name}_slices_per_append"] = per(slices, int(count), 3)
+        for name, (cpu_ns, wait_ns, slices, count) in threads.items():
+            summary[mode].update(thread_figures(name, cpu_ns, wait_ns, slices, int(count)))
     cpu_ns, slices, made = child_sums
     summary["webhooks"]["child_cpu_us_per_delivery"] = per(cpu_ns / 1e3, int(made))
     summary["webhooks"]["child_slices_per_delivery"] = per(slices, int(made), 3)
@@ -219,7 +231,7 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
     costs = await wake_cost(args.wake_seconds)
     log(f"wake cost: {costs}")
     webhooks_bench.RECEIVER[0] = "raw"
-    receiver, url = await webhooks_bench.fast_receiver()
+    receiver, url = await webhooks_bench.fast_receiver(idle=args.receiver_idle)
     try:
         with tempfile.TemporaryDirectory() as tmp:
             result = await measure(Path(tmp), url, args.rounds, args.appends, args.webhooks)
@@ -234,6 +246,7 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
         "mix_rate_per_s": webhooks_bench.MIX_RATE_PER_S[0],
         "appends_per_window": args.appends,
         "webhooks": args.webhooks,
+        "receiver_idle": args.receiver_idle,
         "gather_s": FEED_GATHER_S,
         "wake_cost": costs,
         **result,
@@ -247,6 +260,12 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--appends", type=int, default=1000, help="appends a window")
     parser.add_argument("--webhooks", type=int, default=10)
     parser.add_argument("--wake-seconds", type=float, default=2.0, help="each wake_cost probe")
+    parser.add_argument(
+        "--receiver-idle",
+        action="store_true",
+        help="the receiver at SCHED_IDLE (a diagnostic: a deployment's receiver is on another "
+        "host, so its CPU never delays the server's threads there)",
+    )
     args = parser.parse_args()
     if args.quick:
         args.rounds, args.appends, args.wake_seconds = 1, 300, 0.5
