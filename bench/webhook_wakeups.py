@@ -198,8 +198,9 @@ async def measure(base: Path, url: str, rounds: int, appends: int, hooks: int) -
                     if mode == "webhooks":
                         child_after = schedstat(delivery.pid)  # type: ignore[arg-type]
                         made = delivered(delivery) - delivered_before
-                        cpu_ns = child_after[0] - child_before[0]
-                        slices = child_after[2] - child_before[2]
+                        cpu_ns, _wait_ns, slices = (
+                            a - b for a, b in zip(child_after, child_before, strict=True)
+                        )
                         figures[mode]["child_cpu_us_per_delivery"] = per(cpu_ns / 1e3, made)
                         figures[mode]["child_slices_per_delivery"] = per(slices, made, 3)
                         for index, value in enumerate((cpu_ns, slices, made)):
